@@ -1,0 +1,27 @@
+"""The model zoo: models by name, orthogonality, consistent dropout.
+
+    model = models.build("mlp", in_features=64, out_features=10, depth=8,
+                         width=64, activation="tanh", orthogonal="bjorck")
+"""
+
+from models import orthogonal
+from models.dropout import ConsistentDropout, frozen_masks
+from models.errors import ModelConfigError
+from models.mlp import MLP
+from models.registry import available, build, register_model
+from models.residual_mlp import ResidualMLP
+
+register_model("mlp")(MLP)
+register_model("residual_mlp")(ResidualMLP)
+
+__all__ = [
+    "MLP",
+    "ResidualMLP",
+    "ConsistentDropout",
+    "ModelConfigError",
+    "available",
+    "build",
+    "frozen_masks",
+    "orthogonal",
+    "register_model",
+]

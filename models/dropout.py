@@ -1,0 +1,55 @@
+"""Dropout whose mask can be frozen so several passes over one batch share it.
+
+Forward-only engines (FOTON, PEPITA) run a clean and a modulated pass over the
+same batch and need the same dropout mask in both; gradient agreement needs the
+engine's masks again in the reference backprop pass. Outside ``frozen_masks``
+this is ordinary inverted dropout: ``y = x * m / (1 - p)``, ``m ~ Bernoulli(1 - p)``.
+"""
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from models.errors import ModelConfigError
+
+__all__ = ["ConsistentDropout", "frozen_masks"]
+
+
+class ConsistentDropout(nn.Module):
+    """Inverted dropout with an optional frozen mask (see ``frozen_masks``)."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ModelConfigError(f"dropout must be in [0, 1), got {p}")
+        self.p = p
+        self.frozen = False
+        self.mask = None  # (B, ...) scaled mask while frozen, else None
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        if self.frozen and self.mask is not None and self.mask.shape == x.shape:
+            return x * self.mask
+        mask = torch.empty_like(x).bernoulli_(1.0 - self.p).div_(1.0 - self.p)
+        if self.frozen:
+            self.mask = mask
+        return x * mask
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+@contextmanager
+def frozen_masks(model: nn.Module):
+    """Within the block, each ``ConsistentDropout`` of ``model`` draws its mask
+    once (on its first call) and reuses it; masks are dropped on exit."""
+    layers = [m for m in model.modules() if isinstance(m, ConsistentDropout)]
+    for m in layers:
+        m.frozen, m.mask = True, None
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.frozen, m.mask = False, None

@@ -1,0 +1,82 @@
+"""Multilayer perceptron: the layer stack of the zoo.
+
+    h_0 = flatten(x)
+    h_l = act(drop(W_l h_{l-1} + b_l))      l = 1 .. L-1
+    y   = W_L h_{L-1} + b_L                  (no activation, no dropout)
+
+Dropout sits before the activation, as in the FOTON paper's code, and is a
+``ConsistentDropout`` so two passes over a batch can share masks.
+The hidden weights W_1 .. W_{L-1} can be made orthogonal (``models.orthogonal``);
+the output layer stays free unless ``orthogonal_output``.
+
+Layer-stack protocol (``trainers.protocols.LayerStack``): ``layers`` (the L
+linear maps, in order), ``act`` (the activation module), ``dropout``.
+"""
+
+from collections.abc import Sequence
+
+import torch.nn as nn
+
+from models.activations import build_activation
+from models.dropout import ConsistentDropout
+from models.errors import ModelConfigError
+from models.orthogonal import make_orthogonal
+
+__all__ = ["MLP", "hidden_widths"]
+
+
+def hidden_widths(depth: int, width: int | Sequence[int]) -> list[int]:
+    """The ``depth - 1`` hidden widths from an int or an explicit list."""
+    if not isinstance(depth, int) or depth < 1:
+        raise ModelConfigError(f"depth must be an integer >= 1, got {depth!r}")
+    widths = [width] * (depth - 1) if isinstance(width, int) else list(width)
+    if len(widths) != depth - 1:
+        raise ModelConfigError(
+            f"width lists the hidden widths: expected {depth - 1} values for depth {depth}, got {len(widths)}"
+        )
+    if any(not isinstance(w, int) or w < 1 for w in widths):
+        raise ModelConfigError(f"widths must be positive integers, got {widths}")
+    return widths
+
+
+class MLP(nn.Module):
+    """Fully connected stack of ``depth`` linear layers (see module docstring)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        depth: int = 2,
+        width: int | Sequence[int] = 64,
+        activation: str = "tanh",
+        bias: bool = True,
+        dropout: float = 0.0,
+        orthogonal: str | None = None,
+        orthogonal_iters: int = 3,
+        orthogonal_output: bool = False,
+    ):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or value < 1:
+                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+        dims = [in_features, *hidden_widths(depth, width), out_features]
+        self.layers = nn.ModuleList(
+            nn.Linear(d_in, d_out, bias=bias) for d_in, d_out in zip(dims[:-1], dims[1:])
+        )
+        self.act = build_activation(activation)
+        self.dropout = ConsistentDropout(dropout)
+        ortho_layers = self.layers if orthogonal_output else self.layers[:-1]
+        for layer in ortho_layers:
+            make_orthogonal(layer, orthogonal, iters=orthogonal_iters)
+
+    @property
+    def widths(self) -> list[int]:
+        """[d_0, d_1, ..., d_L]."""
+        return [self.layers[0].in_features] + [layer.out_features for layer in self.layers]
+
+    def forward(self, x):
+        h = x.flatten(1)  # (B, d_0)
+        for layer in self.layers[:-1]:
+            h = self.act(self.dropout(layer(h)))  # (B, d_l)
+        return self.layers[-1](h)  # (B, d_L)

@@ -1,0 +1,35 @@
+"""Atomic checkpoints: write a temporary file in the same directory, then rename.
+
+A crash while writing leaves the previous checkpoint intact; a reader never
+sees half a file.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["save_atomic", "load_checkpoint"]
+
+
+def save_atomic(state: dict, path: str | os.PathLike) -> Path:
+    """``torch.save(state)`` to ``path`` via temporary file + fsync + ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Load a checkpoint written by ``save_atomic`` (RNG states need full unpickling)."""
+    return torch.load(path, map_location=map_location, weights_only=False)

@@ -1,0 +1,55 @@
+"""Training options shared by every engine (one dataclass, one flag per field)."""
+
+import dataclasses
+from typing import Literal
+
+from trainers.errors import ConfigError
+from trainers.options import option
+
+__all__ = ["TrainConfig"]
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Optimizer, schedule, clipping, batching, evaluation, logging, checkpoints."""
+
+    optimizer: Literal["sgd", "adam", "adamw"] = option("adam", "torch.optim optimizer")
+    lr: float = option(1e-3, "learning rate (peak rate with a schedule)")
+    momentum: float = option(0.9, "SGD momentum")
+    nesterov: bool = option(False, "SGD Nesterov momentum")
+    weight_decay: float = option(0.0, "weight decay (decoupled for adamw)")
+    schedule: Literal["constant", "step", "cosine"] = option(
+        "constant", "learning-rate schedule: constant, step (x gamma every step_size steps), or linear warmup + cosine to 0"
+    )
+    warmup_steps: int = option(0, "linear warmup steps (cosine schedule)")
+    step_size: int = option(1000, "steps between decays (step schedule)")
+    gamma: float = option(0.1, "decay factor (step schedule)")
+    clip_grad_norm: float | None = option(None, "clip the global gradient norm to this value (none: off)")
+    batch_size: int = option(64, "training batch size")
+    eval_batch_size: int = option(1024, "evaluation batch size")
+    eval_every: int | None = option(None, "evaluate on the validation split every N steps (none: every epoch)")
+    log_every: int = option(10, "log training scalars every N steps")
+    grad_agreement_every: int = option(0, "log gradient agreement with exact backprop every N steps (0: off; costs a backprop pass)")
+    checkpoint_every: int | None = option(None, "write a checkpoint every N steps (none: at evaluations only)")
+    seed: int = option(0, "one seed for Python, NumPy, torch and data order")
+    device: str = option("cpu", "torch device (cpu, cuda, cuda:1, ...)")
+    dtype: Literal["float32", "float64"] = option("float32", "parameter and data dtype")
+    progress: bool = option(True, "show a progress bar")
+
+    def __post_init__(self):
+        positive = ("batch_size", "eval_batch_size", "log_every", "step_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 or none, got {value}")
+        nonneg = ("lr", "momentum", "weight_decay", "warmup_steps", "grad_agreement_every")
+        for name in nonneg:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            raise ConfigError(f"--clip-grad-norm must be > 0, got {self.clip_grad_norm}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"--gamma must be in (0, 1], got {self.gamma}")

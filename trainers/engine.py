@@ -1,0 +1,92 @@
+"""The gradient-engine contract, stated once.
+
+A gradient engine turns (model, batch, loss) into a gradient estimate:
+
+    out = engine.compute_grads(model, inputs, targets, loss_fn)
+
+* every trainable parameter ``p`` (``p.requires_grad``) has ``p.grad`` set,
+  overwritten, never accumulated (a zero tensor where the estimate is zero);
+* no parameter value changes, no Parameter object is replaced, no optimizer
+  steps: optimizers, schedules, clipping and orthogonality upkeep are the
+  Trainer's;
+* ``out.loss`` is the (detached) loss of the clean forward pass on the batch,
+  ``out.outputs`` its (detached) outputs.
+
+``loss_fn(outputs, targets)`` returns the mean loss over the batch.
+``engine.check(model)`` raises ``IncompatibleModelError`` with one line saying
+what the engine needs and which zoo models qualify.
+
+An engine is one file: a subclass of ``GradientEngine`` with a nested
+``Options`` dataclass (``trainers.options.option`` fields), registered with
+``@register_engine("name")`` (``trainers.registry``).
+"""
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from trainers.options import as_dict, parse_options
+
+__all__ = ["GradientEngine", "StepOutput", "LossFn", "trainable_parameters", "write_grads"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """What ``compute_grads`` returns besides the grads it writes."""
+
+    loss: torch.Tensor  # () detached mean loss of the clean pass
+    outputs: torch.Tensor  # (B, ...) detached model outputs of the clean pass
+
+
+def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` for every parameter that requires grad, in module order."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | None]) -> None:
+    """Overwrite ``p.grad`` with ``g`` (zeros where ``g`` is None)."""
+    for p, g in zip(params, grads, strict=True):
+        p.grad = torch.zeros_like(p) if g is None else g.detach()
+
+
+class GradientEngine:
+    """Base class of all engines (see the module docstring for the contract)."""
+
+    name: ClassVar[str] = ""
+
+    @dataclasses.dataclass
+    class Options:
+        """No options."""
+
+    def __init__(self, **options: Any):
+        self.options = parse_options(self.Options, options)
+
+    def check(self, model: nn.Module) -> None:
+        """Raise ``IncompatibleModelError`` if this engine cannot train ``model``."""
+
+    def compute_grads(self, model: nn.Module, inputs, targets, loss_fn: LossFn) -> StepOutput:
+        """Fill ``p.grad`` of every trainable parameter; return the clean loss and outputs."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Engine-specific scalars of the last step, logged under ``engine/<key>``."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """Engine state that must survive a checkpoint (e.g. adaptive feedbacks)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def hparams(self) -> dict:
+        """Options as a flat dict, for logs and checkpoints."""
+        return {"trainer": self.name, **{f"{self.name}.{k}": v for k, v in as_dict(self.options).items()}}
+
+    def __repr__(self):
+        return f"{type(self).__name__}({as_dict(self.options)})"

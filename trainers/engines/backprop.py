@@ -1,0 +1,28 @@
+"""Exact backpropagation (BPTT for recurrent models): the baseline engine.
+
+    g = dL/dtheta,   L = loss_fn(model(x), y)
+
+One forward with a graph, one ``torch.autograd.grad`` over the trainable
+parameters. Works on any ``nn.Module``. Writes ``p.grad`` (overwrite),
+zeros for parameters the loss does not reach.
+"""
+
+import torch
+
+from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.registry import register_engine
+
+__all__ = ["Backprop"]
+
+
+@register_engine("backprop")
+class Backprop(GradientEngine):
+    """Exact gradients by reverse-mode autodiff through the whole model."""
+
+    def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        params = [p for _, p in trainable_parameters(model)]
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        write_grads(params, grads)
+        return StepOutput(loss=loss.detach(), outputs=outputs.detach())

@@ -1,0 +1,82 @@
+"""One TensorBoard run per (experiment, trainer, seed), plus ``metrics.jsonl``.
+
+Layout: ``<logdir>/<experiment>/<trainer>/seed<k>/`` holding the event files,
+``metrics.jsonl`` (one JSON object per logged step: ``{"step": s, tag: value}``)
+and the checkpoints. Every run uses the same tag names so TensorBoard
+overlays engines on one chart; ``add_scalars`` is never used (it makes
+sub-runs) and hparams go into the run's own directory (``run_name="."``).
+"""
+
+import json
+import math
+import os
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+__all__ = ["run_directory", "RunLogger", "read_metrics"]
+
+
+def run_directory(logdir, experiment: str, trainer: str, seed: int) -> Path:
+    """``<logdir>/<experiment>/<trainer>/seed<seed>``."""
+    return Path(logdir) / experiment / trainer / f"seed{seed}"
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The records of ``metrics.jsonl`` in ``run_dir``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _json_value(v: float):
+    return v if math.isfinite(v) else str(v)
+
+
+class RunLogger:
+    """Scalars to TensorBoard and ``metrics.jsonl``; hparams at the end.
+
+    ``resume_step``: continue a run whose checkpoint is at that step; records
+    logged after it by the interrupted run are dropped from ``metrics.jsonl``
+    and purged from TensorBoard, so the resumed run reads as one.
+    """
+
+    def __init__(self, run_dir, *, resume_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.run_dir / "metrics.jsonl"
+        if resume_step is None:
+            self.jsonl.unlink(missing_ok=True)
+        else:
+            self._truncate_after(resume_step)
+        self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=resume_step + 1 if resume_step is not None else None)
+        self._file = open(self.jsonl, "a")
+
+    def _truncate_after(self, step: int) -> None:
+        kept = [r for r in read_metrics(self.run_dir) if r["step"] <= step]
+        tmp = self.jsonl.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.jsonl)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        """Write ``scalars`` (tag -> float) at ``step`` to both sinks."""
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
+        self._file.write(json.dumps({"step": step, **{k: _json_value(v) for k, v in scalars.items()}}) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+        self.writer.flush()
+
+    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
+        """hparams plugin entry in this run's directory; metric keys are prefixed ``hparam/``."""
+        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        discrete = {"trainer": [clean["trainer"]]} if "trainer" in clean else None
+        self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in metrics.items()},
+                                hparam_domain_discrete=discrete, run_name=".")
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+        self.writer.close()

@@ -1,0 +1,53 @@
+"""Optimizers and learning-rate schedules from a ``TrainConfig``."""
+
+import math
+
+import torch
+
+from trainers.config import TrainConfig
+
+__all__ = ["build_optimizer", "build_scheduler", "WarmupCosine", "StepDecay"]
+
+
+def build_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """SGD (momentum, Nesterov), Adam or AdamW with weight decay over ``params``."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               nesterov=cfg.nesterov and cfg.momentum > 0, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+class WarmupCosine:
+    """lr factor: t / warmup for t < warmup, then 0.5 (1 + cos(pi (t - warmup) / (total - warmup)))."""
+
+    def __init__(self, warmup: int, total: int):
+        self.warmup, self.total = warmup, max(total, warmup + 1)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / (self.total - self.warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class StepDecay:
+    """lr factor: gamma ** (step // step_size)."""
+
+    def __init__(self, step_size: int, gamma: float):
+        self.step_size, self.gamma = step_size, gamma
+
+    def __call__(self, step: int) -> float:
+        return self.gamma ** (step // self.step_size)
+
+
+def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
+    """A per-step ``LambdaLR`` (constant, step decay, or warmup + cosine)."""
+    if cfg.schedule == "cosine":
+        factor = WarmupCosine(cfg.warmup_steps, total_steps)
+    elif cfg.schedule == "step":
+        factor = StepDecay(cfg.step_size, cfg.gamma)
+    else:
+        factor = StepDecay(step_size=1, gamma=1.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,119 @@
+"""Options as dataclasses: validated construction and generated CLI flags.
+
+Each engine (and the Trainer) declares its hyperparameters as a dataclass
+whose fields carry a ``help`` string in their metadata. ``parse_options``
+rejects unknown keys and wrong types with a one-line ``ConfigError``;
+``add_arguments`` turns the fields into ``--kebab-case`` flags.
+"""
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from trainers.errors import ConfigError
+
+__all__ = ["option", "parse_options", "add_arguments", "options_from_args", "as_dict"]
+
+
+def option(default, help: str, **kwargs):
+    """A dataclass field with a help string (shown by ``--help``)."""
+    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def _base_type(tp):
+    """``int | None`` -> int; ``Literal[...]`` -> str; plain types unchanged."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return type(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _base_type(args[0])
+    return tp
+
+
+def _choices(tp):
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    for a in typing.get_args(tp):
+        if typing.get_origin(a) is typing.Literal:
+            return typing.get_args(a)
+    return None
+
+
+def _allows_none(tp):
+    return type(None) in typing.get_args(tp)
+
+
+def _coerce(name, value, tp):
+    """Check (and gently convert ints to floats) one option value."""
+    if value is None:
+        if _allows_none(tp):
+            return None
+        raise ConfigError(f"option '{name}' may not be None")
+    choices = _choices(tp)
+    if choices is not None:
+        if value not in choices:
+            raise ConfigError(f"option '{name}' must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    base = _base_type(tp)
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    wrong_type = base in (int, float, str, bool) and not isinstance(value, base)
+    if wrong_type or (base in (int, float) and isinstance(value, bool)):
+        raise ConfigError(f"option '{name}' must be {base.__name__}, got {value!r}")
+    return value
+
+
+def parse_options(cls, options: dict):
+    """Build the options dataclass ``cls`` from a dict; reject unknown keys and bad types."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown option {', '.join(unknown)} for {cls.__name__}; accepted: {', '.join(fields) or 'none'}"
+        )
+    hints = typing.get_type_hints(cls)
+    values = {k: _coerce(k, v, hints[k]) for k, v in options.items()}
+    return cls(**values)
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, *, prefix: str = "", title: str | None = None):
+    """Add one ``--prefix-field-name`` flag per dataclass field (default: the field's default)."""
+    group = parser.add_argument_group(title or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        base = _base_type(tp)
+        flag = "--" + (prefix + f.name).replace("_", "-")
+        kwargs = dict(dest=prefix + f.name, default=argparse.SUPPRESS,
+                      help=f"{f.metadata.get('help', '')} (default: {f.default})")
+        choices = _choices(tp)
+        if choices is not None:
+            kwargs["choices"] = choices
+        if base is bool:
+            kwargs.update(type=_parse_bool, metavar="BOOL")
+        elif _allows_none(tp) and base is not str:
+            kwargs["type"] = lambda text, b=base: None if text.lower() == "none" else b(text)
+        else:
+            kwargs["type"] = base
+        group.add_argument(flag, **kwargs)
+
+
+def options_from_args(args: argparse.Namespace, cls, *, prefix: str = "") -> dict:
+    """The flags of ``cls`` that the user actually gave, as a dict of field -> value."""
+    given = vars(args)
+    return {f.name: given[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in given}
+
+
+def as_dict(options) -> dict:
+    """Options dataclass -> plain dict (for logs, hparams and checkpoints)."""
+    return dataclasses.asdict(options)

@@ -1,0 +1,57 @@
+"""The structures engines other than backprop need from a model.
+
+Models know nothing of engines: they satisfy these small structural
+protocols by having the named attributes. Engines check them with
+``require`` and refuse other models with one ``IncompatibleModelError`` line.
+
+* ``LayerStack`` (FOTON, PEPITA): ``h_l = act(drop(W_l h_{l-1} + b_l))``,
+  ``y = W_L h_{L-1} + b_L``. Zoo: ``mlp``.
+* ``ResidualStack`` (Highway-BP): ``h_0 = stem(x)``,
+  ``h_i = combine_i(h_{i-1}, branch_i(h_{i-1}))``, ``y = head(h_L)``; the
+  residual Jacobian ``K_i = d combine / d h`` is cheap (identity, scalar or
+  diagonal). Zoo: ``residual_mlp``.
+* ``RecurrentLayer`` (DSF, FT-BPTT, Highway-BP over time): a one-step cell
+  ``h_t = cell(x_t, h_{t-1})`` and a fast whole-sequence forward sharing its
+  weights. Zoo: the recurrent models of the DSF issue.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from trainers.errors import IncompatibleModelError
+
+__all__ = ["LayerStack", "ResidualStack", "RecurrentLayer", "require"]
+
+
+@runtime_checkable
+class LayerStack(Protocol):
+    layers: Sequence[nn.Module]  # L linear maps W_1 .. W_L, in order
+    act: Callable[[torch.Tensor], torch.Tensor]  # hidden activation
+    dropout: nn.Module  # a models.ConsistentDropout, before the activation
+
+
+@runtime_checkable
+class ResidualStack(Protocol):
+    stem: Callable[[torch.Tensor], torch.Tensor]
+    blocks: Sequence[nn.Module]  # each with branch(h) -> z and combine(h, z) -> h'
+    head: Callable[[torch.Tensor], torch.Tensor]
+
+
+@runtime_checkable
+class RecurrentLayer(Protocol):
+    def cell(self, x_t: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+        """One step, batched over any leading dims: (N, d_in), (N, d) -> (N, d)."""
+
+    def forward_sequence(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+        """All states at once (fused kernel where one exists): (B, T, d_in) -> (B, T, d)."""
+
+
+def require(model: nn.Module, protocol: type, engine: str, need: str, zoo: str) -> None:
+    """Raise ``IncompatibleModelError`` unless ``model`` satisfies ``protocol``."""
+    if not isinstance(model, protocol):
+        raise IncompatibleModelError(
+            f"trainer '{engine}' needs {need}; {type(model).__name__} is not one (zoo models that qualify: {zoo})"
+        )

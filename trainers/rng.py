@@ -1,0 +1,43 @@
+"""Random-number state: seed everything from one seed, capture and restore it."""
+
+import os
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["seed_everything", "rng_state", "set_rng_state", "torch_rng_state", "set_torch_rng_state"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) and ask for deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def torch_rng_state() -> dict:
+    """The torch generators that dropout and initializers draw from (CPU, CUDA)."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_torch_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rng_state() -> dict:
+    """All generators, for checkpoints."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    set_torch_rng_state(state["torch"])

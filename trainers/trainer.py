@@ -1,0 +1,299 @@
+"""The Trainer: one loop for every gradient engine.
+
+    for each step:
+        (agreement)   every N steps, compare the engine with exact backprop
+        gradients     engine.compute_grads(...)   <- where loss.backward() stands
+        clip          global gradient norm
+        step          optimizer.step(); scheduler.step()
+        upkeep        project orthogonal layers back (projection models only)
+        log / eval / checkpoint
+
+Data order is a function of (seed, epoch) alone, and every random generator
+is checkpointed, so a resumed run reproduces the uninterrupted one exactly.
+Model selection uses the validation split; the test split is evaluated once,
+at the end, on the best validation model.
+"""
+
+import copy
+import json
+import math
+import resource
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from models.orthogonal import orthogonal_method, orthogonality_error, project_
+from trainers.agreement import gradient_agreement
+from trainers.checkpoint import load_checkpoint, save_atomic
+from trainers.config import TrainConfig
+from trainers.engine import GradientEngine, trainable_parameters
+from trainers.errors import ConfigError, NonFiniteLossError
+from trainers.logger import RunLogger, run_directory
+from trainers.optim import build_optimizer, build_scheduler
+from trainers.options import as_dict, parse_options
+from trainers.rng import rng_state, seed_everything, set_rng_state
+
+__all__ = ["Trainer", "check_task_model"]
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
+    """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs."""
+    x = task.train.inputs[:2].to(device=device, dtype=dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            y = model(x)
+    except RuntimeError as err:
+        reason = str(err).strip().splitlines()[0]
+        raise ConfigError(
+            f"model does not accept the inputs of task '{task.name}' (per-sample shape "
+            f"{tuple(task.input_shape)}, {task.in_features} features): {reason}"
+        ) from None
+    finally:
+        model.train(was_training)
+    if y.shape[1:] != (task.num_outputs,):
+        raise ConfigError(
+            f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' has {task.num_outputs} classes"
+        )
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class Trainer:
+    """Train ``model`` on ``task`` with gradients from ``engine`` (module docstring).
+
+    Args:
+        model: any ``nn.Module`` the engine accepts (``engine.check``).
+        engine: a ``GradientEngine`` (``trainers.build_engine``).
+        task: a ``tasks.Task`` (splits, loss, metric).
+        config: a ``TrainConfig``; keyword ``overrides`` replace its fields.
+        logdir: root of the TensorBoard runs; None logs nothing and checkpoints nothing.
+        experiment: name of the experiment folder under ``logdir``.
+        overwrite: start afresh in a run directory that already holds a run.
+    """
+
+    def __init__(self, model, engine: GradientEngine, task, *, config: TrainConfig | None = None,
+                 logdir=None, experiment: str = "default", overwrite: bool = False, **overrides):
+        cfg = config or TrainConfig()
+        if overrides:
+            cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.dtype = getattr(torch, cfg.dtype)
+        engine.check(model)
+        self.model = model.to(device=self.device, dtype=self.dtype)
+        check_task_model(self.model, task, self.device, self.dtype)
+        self.engine, self.task = engine, task
+        self.run_dir = run_directory(logdir, experiment, engine.name, cfg.seed) if logdir is not None else None
+        self.overwrite = overwrite
+        self.params = [p for _, p in trainable_parameters(model)]
+        self.optimizer = build_optimizer(self.params, cfg)
+        self.scheduler = None
+        self.step = 0
+        self.best = None  # {"step", "val": {...}, "state": state_dict}
+        self.history: list[dict] = []
+
+    # ----------------------------------------------------------------- data
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.task.train) / self.cfg.batch_size)
+
+    def _batch(self, step: int):
+        """The batch of global ``step``: epoch permutation from (seed, epoch) only."""
+        epoch, index = divmod(step, self.steps_per_epoch())
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.task.train), generator=gen)
+        rows = order[index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
+        x = self.task.train.inputs[rows].to(self.device, self.dtype)
+        y = self.task.train.targets[rows].to(self.device)
+        return x, y
+
+    @torch.no_grad()
+    def evaluate(self, split: str = "val") -> dict[str, float]:
+        """Mean loss and metric over a split, in eval mode (no dropout)."""
+        data = getattr(self.task, split)
+        was_training = self.model.training
+        self.model.eval()
+        total_loss, total_metric, n = 0.0, 0.0, len(data)
+        for start in range(0, n, self.cfg.eval_batch_size):
+            x = data.inputs[start:start + self.cfg.eval_batch_size].to(self.device, self.dtype)
+            y = data.targets[start:start + self.cfg.eval_batch_size].to(self.device)
+            out = self.model(x)
+            total_loss += self.task.loss_fn(out, y).item() * len(y)
+            total_metric += float(self.task.metric(out, y)) * len(y)
+        self.model.train(was_training)
+        result = {"loss": total_loss / n}
+        if self.task.metric_name == "perplexity":
+            result["perplexity"] = math.exp(min(result["loss"], 50.0))
+        else:
+            result[self.task.metric_name] = total_metric / n
+        return result
+
+    def _better(self, val: dict) -> bool:
+        if self.best is None:
+            return True
+        name = self.task.metric_name
+        if name in ("perplexity", "loss"):
+            return val[name] < self.best["val"][name]
+        return val[name] > self.best["val"][name]
+
+    # ---------------------------------------------------------- checkpoints
+    def _checkpoint_state(self) -> dict:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "engine": self.engine.state_dict(),
+            "rng": rng_state(),
+            "best": self.best,
+            "config": as_dict(self.cfg),
+            "engine_name": self.engine.name,
+            "task": self.task.name,
+        }
+
+    def save_checkpoint(self) -> Path | None:
+        """Write ``checkpoint.pt`` in the run directory atomically."""
+        if self.run_dir is None:
+            return None
+        return save_atomic(self._checkpoint_state(), self.run_dir / CHECKPOINT)
+
+    def _restore(self, state: dict) -> None:
+        if state["engine_name"] != self.engine.name:
+            raise ConfigError(f"checkpoint was written by trainer '{state['engine_name']}', not '{self.engine.name}'")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.engine.load_state_dict(state["engine"])
+        set_rng_state(state["rng"])
+        self.step, self.best = state["step"], state["best"]
+
+    # ------------------------------------------------------------- training
+    def fit(self, *, epochs: int | None = None, steps: int | None = None, resume: bool = False) -> dict:
+        """Train for ``epochs`` or ``steps`` (one of them); returns the final report.
+
+        ``resume=True`` continues from the run directory's checkpoint if there is
+        one (and starts afresh otherwise), reproducing the uninterrupted run.
+        """
+        if (epochs is None) == (steps is None):
+            raise ConfigError("give exactly one of epochs or steps")
+        total = steps if steps is not None else epochs * self.steps_per_epoch()
+        if total < 1:
+            raise ConfigError(f"the run must have at least one step, got {total}")
+        cfg = self.cfg
+        self.scheduler = build_scheduler(self.optimizer, cfg, total)
+        ckpt = self.run_dir / CHECKPOINT if self.run_dir is not None else None
+        resuming = resume and ckpt is not None and ckpt.exists()
+        if ckpt is not None and not resuming and not self.overwrite and (self.run_dir / "metrics.jsonl").exists():
+            raise ConfigError(f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite")
+        if resuming:
+            self._restore(load_checkpoint(ckpt, map_location=self.device))
+        else:
+            seed_everything(cfg.seed)
+            if ckpt is not None:
+                ckpt.unlink(missing_ok=True)
+        logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if self.run_dir else None
+        eval_every = cfg.eval_every or self.steps_per_epoch()
+        bar = tqdm(total=total, initial=self.step, disable=not cfg.progress, desc=self.engine.name, leave=False)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.model.train()
+        try:
+            while self.step < total:
+                x, y = self._batch(self.step)
+                scalars = {}
+                # agreement with exact backprop (leaves model, engine and RNG untouched)
+                if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:
+                    scalars.update(self._agreement_scalars(x, y))
+                t0 = time.perf_counter()
+                # gradients: the engine stands where loss.backward() would
+                out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
+                loss = out.loss.item()
+                if not math.isfinite(loss):
+                    raise NonFiniteLossError(
+                        f"loss is {loss} at step {self.step}; training stopped"
+                        + (f", last good checkpoint kept at {ckpt}" if ckpt is not None and ckpt.exists() else "")
+                    )
+                # clip, step, schedule
+                if cfg.clip_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(self.params, cfg.clip_grad_norm)
+                lr = self.optimizer.param_groups[0]["lr"]
+                self.optimizer.step()
+                self.scheduler.step()
+                # orthogonality upkeep (projection models only; no-op otherwise)
+                project_(self.model)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                step_s = time.perf_counter() - t0
+                self.step += 1
+                bar.update(1)
+                # log
+                if self.step % cfg.log_every == 0 or self.step == total:
+                    scalars.update({
+                        "train/loss": loss, "train/lr": lr,
+                        "time/step_ms": 1e3 * step_s, "time/samples_per_s": len(y) / step_s,
+                        "memory/peak_mb": _peak_memory_mb(self.device),
+                        **{f"engine/{k}": v for k, v in self.engine.metrics().items()},
+                    })
+                    if any(orthogonal_method(m) is not None for m in self.model.modules()):
+                        scalars["engine/orthogonality_error"] = orthogonality_error(self.model)
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                # evaluate, keep the best validation model, checkpoint
+                evaluated = self.step % eval_every == 0 or self.step == total
+                if evaluated:
+                    val = self.evaluate("val")
+                    scalars.update({f"eval/{k}": v for k, v in val.items()})
+                    if self._better(val):
+                        self.best = {"step": self.step, "val": val, "state": copy.deepcopy(self.model.state_dict())}
+                if scalars:
+                    record = {"step": self.step, **scalars}
+                    self.history.append(record)
+                    if logger:
+                        logger.log(self.step, scalars)
+                if evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
+                    if logger:
+                        logger.flush()
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            if logger:
+                logger.flush()
+        report = self._final_report()
+        if logger:
+            logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
+            logger.log_hparams(
+                {**self.engine.hparams(), **{k: v for k, v in as_dict(cfg).items() if k not in ("progress",)},
+                 "task": self.task.name, "model": type(self.model).__name__},
+                {f"best_val_{k}": v for k, v in report["best_val"].items()}
+                | {f"test_{k}": v for k, v in report["test"].items()},
+            )
+            logger.close()
+            (self.run_dir / "result.json").write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
+    def _agreement_scalars(self, x, y) -> dict[str, float]:
+        report = gradient_agreement(self.model, self.engine, x, y, self.task.loss_fn)
+        scalars = {"grad/cosine_global": report["global"]}
+        for name, stats in report["per_param"].items():
+            scalars[f"grad/cosine/{name}"] = stats["cosine"]
+            scalars[f"grad/rel_error/{name}"] = stats["rel_error"]
+            scalars[f"grad/norm_ratio/{name}"] = stats["norm_ratio"]
+        return scalars
+
+    def _final_report(self) -> dict:
+        """Validation of the last model, and validation + test of the best validation model."""
+        final_val = self.evaluate("val")
+        last_state = copy.deepcopy(self.model.state_dict())
+        self.model.load_state_dict(self.best["state"])
+        test = self.evaluate("test")
+        self.model.load_state_dict(last_state)
+        return {"steps": self.step, "best_step": self.best["step"], "best_val": self.best["val"],
+                "final_val": final_val, "test": test}
