@@ -100,7 +100,9 @@ class Trainer:
         self.scheduler = None
         self.step = 0
         self.best = None  # {"step", "val": {...}, "state": state_dict}
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # every logged record, as in metrics.jsonl
+        self.step_times: list[float] = []  # seconds per whole loop iteration
+        self._order = None  # (epoch, permutation of the training rows)
 
     # ----------------------------------------------------------------- data
     def steps_per_epoch(self) -> int:
@@ -109,9 +111,10 @@ class Trainer:
     def _batch(self, step: int):
         """The batch of global ``step``: epoch permutation from (seed, epoch) only."""
         epoch, index = divmod(step, self.steps_per_epoch())
-        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(self.task.train), generator=gen)
-        rows = order[index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
+        if self._order is None or self._order[0] != epoch:
+            gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
+        rows = self._order[1][index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
         x = self.task.train.inputs[rows].to(self.device, self.dtype)
         y = self.task.train.targets[rows].to(self.device)
         return x, y
@@ -208,6 +211,7 @@ class Trainer:
         self.model.train()
         try:
             while self.step < total:
+                t_iter = time.perf_counter()
                 x, y = self._batch(self.step)
                 scalars = {}
                 # agreement with exact backprop (leaves model, engine and RNG untouched)
@@ -262,6 +266,7 @@ class Trainer:
                     if logger:
                         logger.flush()
                     self.save_checkpoint()
+                self.step_times.append(time.perf_counter() - t_iter)
         finally:
             bar.close()
             if logger:

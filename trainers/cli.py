@@ -1,0 +1,179 @@
+"""Command-line front ends of ``scripts/train.py``, ``compare.py`` and ``bench.py``.
+
+Flags are generated from the option dataclasses (``TrainConfig``, each
+engine's ``Options``). Every user error prints one line on stderr and
+exits with code 2, before any run directory or checkpoint is written;
+a NaN/Inf loss exits with code 1.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import models
+import tasks
+from trainers.compare import compatible, run_comparison
+from trainers.config import TrainConfig
+from trainers.errors import USER_ERRORS, ConfigError, DataError, NonFiniteLossError
+from trainers.options import add_arguments, options_from_args, parse_options
+from trainers.registry import available, build_engine, engine_class
+from trainers.rng import seed_everything
+from trainers.trainer import Trainer
+
+__all__ = ["train_main", "compare_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON"]
+
+MODEL_FLAGS = {
+    # flag dest: (type, help); only flags the user gives reach the model
+    "depth": (int, "number of layers (mlp) or residual blocks (residual_mlp)"),
+    "width": (str, "hidden width, or a comma list of hidden widths (mlp)"),
+    "hidden": (int, "branch hidden width (residual_mlp)"),
+    "activation": (str, f"hidden activation: {', '.join(models.activations.ACTIVATIONS)}"),
+    "dropout": (float, "dropout probability"),
+    "bias": (str, "use biases: true or false"),
+    "orthogonal": (str, "orthogonal hidden layers: none, expm, cayley (geotorch) or bjorck, polar (projection)"),
+    "orthogonal_iters": (int, "Bjorck iterations per projection"),
+    "in_features": (int, "model input features (default: from the task)"),
+    "out_features": (int, "model outputs (default: the task's classes)"),
+}
+
+
+def _model_value(name, text):
+    if name == "width":
+        parts = [int(p) for p in text.split(",")]
+        return parts[0] if len(parts) == 1 else parts
+    if name == "bias":
+        return text.lower() in ("1", "true", "yes", "on")
+    if name == "orthogonal" and text.lower() == "none":
+        return None
+    return text
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """Flags shared by train and compare: task, model, training options, engine options."""
+    epilog = (f"trainers: {', '.join(available())}\n"
+              f"models:   {', '.join(models.available())}\n"
+              f"tasks:    {', '.join(tasks.available())}")
+    parser = argparse.ArgumentParser(description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mlp", help=f"zoo model: {', '.join(models.available())} (default: mlp)")
+    parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
+    parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
+    parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/val split (default: 0)")
+    parser.add_argument("--epochs", type=int, default=10, help="training epochs (default: 10)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (overrides --epochs)")
+    parser.add_argument("--logdir", default="runs", help="root of the TensorBoard runs (default: runs)")
+    parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
+    group = parser.add_argument_group("model options")
+    for name, (tp, help) in MODEL_FLAGS.items():
+        group.add_argument("--" + name.replace("_", "-"), dest="model_" + name, type=tp,
+                           default=argparse.SUPPRESS, help=help)
+    add_arguments(parser, TrainConfig, title="training options")
+    for name in available():
+        cls = engine_class(name)
+        if any(True for _ in cls.Options.__dataclass_fields__):
+            add_arguments(parser, cls.Options, prefix=f"{name}_", title=f"{name} options")
+    return parser
+
+
+def build_from_args(args, trainer: str, seed: int | None = None):
+    """(engine, task, model, config) from parsed flags; raises the named user errors."""
+    cfg_options = options_from_args(args, TrainConfig)
+    if seed is not None:
+        cfg_options["seed"] = seed
+    cfg = parse_options(TrainConfig, cfg_options)
+    engine = build_engine(trainer, **options_from_args(args, engine_class(trainer).Options, prefix=f"{trainer}_"))
+    if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
+        raise DataError(f"data directory {args.data_dir} does not exist")
+    task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed)
+    model_options = {name[len("model_"):]: _model_value(name[len("model_"):], value)
+                     for name, value in vars(args).items() if name.startswith("model_") and name != "model_"}
+    model_options.setdefault("in_features", task.in_features)
+    model_options.setdefault("out_features", task.num_outputs)
+    seed_everything(cfg.seed)  # model initialization depends on the seed only
+    model = models.build(args.model, **model_options)
+    return engine, task, model, cfg
+
+
+def run_cli(main) -> int:
+    """Run ``main()``; user errors -> one line + exit 2, NaN loss -> one line + exit 1."""
+    try:
+        return main() or 0
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def train_main(argv=None) -> int:
+    """``scripts/train.py``: train one model with one trainer."""
+    parser = base_parser("Train a zoo model on a task with one gradient engine.")
+    parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
+    parser.add_argument("--experiment", default="train", help="experiment folder under --logdir (default: train)")
+    args = parser.parse_args(argv)
+
+    def main():
+        if args.epochs < 1 and args.steps is None:
+            raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+        engine, task, model, cfg = build_from_args(args, args.trainer)
+        trainer = Trainer(model, engine, task, config=cfg, logdir=args.logdir,
+                          experiment=args.experiment, overwrite=args.overwrite)
+        report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume)
+        print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
+
+    return run_cli(main)
+
+
+# The comparison ``scripts/compare.py`` runs with no arguments (a few minutes on 2 CPU cores);
+# flags replace single entries, and ``--model`` drops the model entries.
+DEFAULT_COMPARISON = dict(
+    task="digits", model="mlp", model_depth=4, model_width="64", model_activation="tanh",
+    model_orthogonal="bjorck", epochs=30, seeds="0,1,2", lr=1e-3, batch_size=64,
+    grad_agreement_every=10, experiment="compare-digits",
+)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(f"expected a comma list of integers, got {text!r}") from None
+
+
+def compare_main(argv=None) -> int:
+    """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = base_parser("Train several gradient engines on the same model, task and seeds; "
+                         "write TensorBoard runs, summary.md and comparison.png. "
+                         "With no arguments, runs the default comparison on digits.")
+    parser.add_argument("--trainers", default=None,
+                        help="comma list of trainers (default: every trainer compatible with the model)")
+    parser.add_argument("--seeds", help="comma list of seeds")
+    parser.add_argument("--experiment", help="experiment folder under --logdir")
+    model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
+    parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
+                           if not (model_given and k.startswith("model"))})
+    args = parser.parse_args(argv)
+
+    def main():
+        seeds = _int_list(args.seeds)
+        if not seeds:
+            raise ConfigError("--seeds lists no seed")
+        if args.trainers is None:
+            _, _, probe, _ = build_from_args(args, "backprop", seeds[0])
+            names = [t for t in available() if compatible(t, probe)]
+        else:
+            names = [t.strip() for t in args.trainers.split(",") if t.strip()]
+        experiment = args.experiment
+        out = run_comparison(lambda t, s: build_from_args(args, t, s), names, seeds, logdir=args.logdir,
+                             experiment=experiment, epochs=None if args.steps else args.epochs,
+                             steps=args.steps, resume=args.resume, overwrite=True)
+        print(out["table"])
+        print(f"runs, summary.md and comparison.png in {out['dir']}")
+        print(f"tensorboard --logdir {out['dir']}")
+
+    return run_cli(main)

@@ -1,0 +1,78 @@
+"""Train several engines on the same model, task and seeds; summarize.
+
+Writes the TensorBoard runs ``<logdir>/<experiment>/<trainer>/seed<k>/``,
+then ``summary.md`` (a Markdown table, mean +- std over seeds) and
+``comparison.png`` beside them.
+"""
+
+import statistics
+from pathlib import Path
+
+from trainers.errors import IncompatibleModelError
+from trainers.plots import plot_comparison
+from trainers.registry import engine_class
+from trainers.trainer import Trainer
+
+__all__ = ["run_comparison", "summary_table", "compatible"]
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def summary_table(results: dict[str, list[dict]], metric: str) -> str:
+    """Markdown table: one row per trainer over its seeds."""
+    lines = [
+        f"| trainer | seeds | best val {metric} | test {metric} (best val model) | final train loss | median step ms | mean grad cosine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for trainer, runs in results.items():
+        val = [r["report"]["best_val"][metric] for r in runs]
+        test = [r["report"]["test"][metric] for r in runs]
+        losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h][-1] for r in runs]
+        step_ms = [1e3 * statistics.median(r["step_times"]) for r in runs]
+        cos = [h["grad/cosine_global"] for r in runs for h in r["history"] if "grad/cosine_global" in h]
+        lines.append(
+            f"| {trainer} | {len(runs)} | {_mean_std(val)} | {_mean_std(test)} | {_mean_std(losses)} "
+            f"| {statistics.median(step_ms):.2f} | {f'{statistics.mean(cos):.4f}' if cos else 'n/a'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
+                   epochs=None, steps=None, resume=False, overwrite=True) -> dict:
+    """Run every (trainer, seed) and write the summary table and figure.
+
+    ``build(trainer, seed) -> (engine, task, model, config)`` makes a fresh,
+    seeded setup; all setups are built and checked before any run starts,
+    so a bad trainer/model pair leaves nothing behind.
+    """
+    setups = {(t, s): build(t, s) for t in trainers for s in seeds}
+    trainer_objs = {key: Trainer(model, engine, task, config=cfg, logdir=logdir, experiment=experiment,
+                                 overwrite=overwrite)
+                    for key, (engine, task, model, cfg) in setups.items()}
+    results: dict[str, list[dict]] = {t: [] for t in trainers}
+    for (t, s), trainer in trainer_objs.items():
+        report = trainer.fit(epochs=epochs, steps=steps, resume=resume)
+        results[t].append({"seed": s, "report": report, "history": trainer.history, "step_times": trainer.step_times})
+    task = next(iter(setups.values()))[1]
+    metric = task.metric_name
+    out_dir = Path(logdir) / experiment
+    table = summary_table(results, metric)
+    (out_dir / "summary.md").write_text(
+        f"# {experiment}: task {task.name}, seeds {', '.join(map(str, seeds))}\n\n{table}"
+    )
+    plot_comparison({t: [r["history"] for r in runs] for t, runs in results.items()}, metric,
+                    out_dir / "comparison.png")
+    return {"results": results, "table": table, "dir": out_dir}
+
+
+def compatible(trainer: str, model) -> bool:
+    """Whether ``trainer`` accepts ``model`` (its ``check`` does not refuse it)."""
+    try:
+        engine_class(trainer)().check(model)
+    except IncompatibleModelError:
+        return False
+    return True

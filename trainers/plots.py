@@ -1,0 +1,50 @@
+"""The comparison figure: loss, metric and gradient cosine against steps."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = ["plot_comparison"]
+
+
+def _curve(histories: list[list[dict]], tag: str):
+    """Mean and spread over seeds of ``tag`` at the steps where every seed logged it."""
+    per_seed = [{r["step"]: r[tag] for r in h if tag in r and isinstance(r[tag], (int, float))} for h in histories]
+    steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
+    if not steps:
+        return None
+    values = np.array([[s[k] for k in steps] for s in per_seed])
+    return np.array(steps), values.mean(0), values.min(0), values.max(0)
+
+
+def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -> None:
+    """One line per trainer (mean over seeds, band = min..max) in three panels.
+
+    ``histories[trainer]`` is a list (one per seed) of logged records
+    (``Trainer.history``); ``metric`` is the eval metric name (e.g. accuracy).
+    """
+    panels = [("train/loss", "training loss"), (f"eval/{metric}", f"validation {metric}"),
+              ("grad/cosine_global", "gradient cosine vs backprop")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (tag, title) in zip(axes, panels):
+        for trainer, runs in histories.items():
+            curve = _curve(runs, tag)
+            if curve is None:
+                continue
+            steps, mean, low, high = curve
+            (line,) = ax.plot(steps, mean, label=trainer)
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if tag == "train/loss":
+            ax.set_yscale("log")
+        if ax.lines:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
