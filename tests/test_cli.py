@@ -1,0 +1,126 @@
+"""Command-line behaviour: bad input -> one line + exit 2 and nothing written;
+the comparison writes TensorBoard runs with the agreed tags, a table and a PNG."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+import trainers
+from trainers.cli import compare_main, train_main
+from trainers.engine import GradientEngine
+from trainers.protocols import LayerStack, require
+from trainers.registry import _ENGINES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def layer_stack_engine():
+    """A registered engine that, like FOTON, accepts only layer stacks."""
+
+    class NeedsLayerStack(GradientEngine):
+        def check(self, model):
+            require(model, LayerStack, "needs-stack", "a stack of linear layers", "mlp")
+
+    trainers.register_engine("needs-stack")(NeedsLayerStack)
+    yield "needs-stack"
+    del _ENGINES["needs-stack"]
+
+
+BAD_INPUTS = {
+    "unknown trainer": (["--trainer", "nope"], "unknown trainer 'nope'"),
+    "unknown model": (["--model", "nope"], "unknown model 'nope'"),
+    "unknown task": (["--task", "nope"], "unknown task 'nope'"),
+    "negative lr": (["--lr", "-0.5"], "--lr must be >= 0"),
+    "missing data dir": (["--task", "mnist", "--data-dir", "/no/such/dir"], "does not exist"),
+    "missing data file": (["--task", "mnist", "--data-dir", "{tmp}"], "train-images-idx3-ubyte"),
+    "shape mismatch": (["--in-features", "10"], "does not accept the inputs of task 'digits'"),
+    "bad activation": (["--activation", "swish"], "unknown activation 'swish'"),
+    "bad orthogonal": (["--orthogonal", "qr"], "qr"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, capsys):
+    flags, expected = BAD_INPUTS[case]
+    data = tmp_path / "data"
+    data.mkdir()
+    logdir = tmp_path / "runs"
+    flags = [f.format(tmp=data) for f in flags]
+    code = train_main([*flags, "--logdir", str(logdir), "--epochs", "1", "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert expected in err
+    assert not logdir.exists()
+
+
+def test_incompatible_trainer_and_model(layer_stack_engine, tmp_path, capsys):
+    code = train_main(["--trainer", layer_stack_engine, "--model", "residual_mlp", "--logdir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "needs a stack of linear layers" in err and "qualify: mlp" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_compare_refuses_before_any_run(layer_stack_engine, tmp_path, capsys):
+    code = compare_main(["--trainers", f"backprop,{layer_stack_engine}", "--model", "residual_mlp",
+                         "--logdir", str(tmp_path / "r"), "--epochs", "1", "--progress", "false"])
+    assert code == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_script_exit_code_through_a_real_process(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--trainer", "nope",
+                           "--logdir", str(tmp_path)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["error: unknown trainer 'nope'; available: " + ", ".join(trainers.available())]
+    help_text = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--help"],
+                               capture_output=True, text=True, env=env).stdout
+    for name in ("backprop", "mlp", "residual_mlp", "digits", "teacher", "mnist"):
+        assert name in help_text
+
+
+def test_nan_loss_exits_1(tmp_path, capsys):
+    code = train_main(["--lr", "1e9", "--optimizer", "sgd", "--momentum", "0", "--activation", "relu",
+                       "--depth", "3", "--epochs", "3", "--logdir", str(tmp_path), "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 1 and "loss is" in err and "training stopped" in err
+
+
+def test_compare_writes_runs_tags_table_and_png(tmp_path, capsys):
+    logdir = tmp_path / "runs"
+    code = compare_main(["--trainers", "backprop", "--seeds", "0,1", "--epochs", "2", "--grad-agreement-every", "5",
+                         "--log-every", "5", "--logdir", str(logdir), "--experiment", "exp", "--progress", "false",
+                         "--orthogonal", "bjorck", "--depth", "3", "--width", "32"])
+    assert code == 0
+    exp = logdir / "exp"
+    assert (exp / "summary.md").read_text().count("| backprop | 2 |") == 1
+    png = (exp / "comparison.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    for seed in (0, 1):
+        run = exp / "backprop" / f"seed{seed}"
+        # one run per (experiment, trainer, seed): no sub-runs (add_scalars or hparams timestamps)
+        assert not [p for p in run.iterdir() if p.is_dir()]
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        expected = {"train/loss", "eval/loss", "eval/accuracy", "grad/cosine_global", "time/step_ms",
+                    "time/samples_per_s", "memory/peak_mb", "engine/orthogonality_error",
+                    "grad/cosine/layers.0.weight", "grad/rel_error/layers.2.bias"}
+        assert expected <= tags, expected - tags
+        cos = [e.value for e in acc.Scalars("grad/cosine_global")]
+        assert cos and all(abs(c - 1) < 1e-5 for c in cos)
+        start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        hparams = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
+        assert hparams["trainer"].string_value == "backprop" and hparams["seed"].number_value == seed
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        assert lines and all(line.startswith('{"step": ') for line in lines)
+    out = capsys.readouterr().out
+    assert "tensorboard --logdir" in out
