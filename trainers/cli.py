@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 import models
 import tasks
 from trainers.compare import compatible, run_comparison
@@ -21,7 +23,7 @@ from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
 from trainers.trainer import Trainer
 
-__all__ = ["train_main", "compare_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON"]
+__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON"]
 
 MODEL_FLAGS = {
     # flag dest: (type, help); only flags the user gives reach the model
@@ -175,5 +177,48 @@ def compare_main(argv=None) -> int:
         print(out["table"])
         print(f"runs, summary.md and comparison.png in {out['dir']}")
         print(f"tensorboard --logdir {out['dir']}")
+
+    return run_cli(main)
+
+
+def bench_main(argv=None) -> int:
+    """``scripts/bench.py``: step time and peak memory, as ratios to backprop, JSON + Markdown."""
+    from trainers import bench
+
+    parser = argparse.ArgumentParser(description="Benchmark step time (median) and peak memory per trainer.")
+    parser.add_argument("--suite", choices=["overhead", "engines", "all"], default="all")
+    parser.add_argument("--trainers", default=",".join(available()), help="comma list (engines suite)")
+    parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
+    parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines suite)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--orthogonal", default="bjorck", help="orthogonality of the engines-suite MLP (or none)")
+    parser.add_argument("--orthogonal-iters", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps (per round for overhead; >= 20)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (overhead suite)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.md")
+    args = parser.parse_args(argv)
+
+    def main():
+        if args.steps < 20:
+            raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
+        names = [t.strip() for t in args.trainers.split(",") if t.strip()]
+        for name in names:
+            engine_class(name)
+        device = torch.device(args.device)
+        rows = []
+        if args.suite in ("overhead", "all"):
+            for in_features, width, depth, batch in ((64, 64, 3, 64), (256, 1024, 4, 256)):
+                rows.append(bench.bench_overhead(in_features=in_features, width=width, depth=depth,
+                                                 batch_size=batch, n_train=8 * batch, steps=args.steps,
+                                                 warmup=args.warmup, rounds=args.rounds, device=device))
+        if args.suite in ("engines", "all"):
+            rows += bench.bench_engines(trainers=names, depths=_int_list(args.depths), widths=_int_list(args.widths),
+                                        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                                        device=device, orthogonal=None if args.orthogonal == "none" else args.orthogonal,
+                                        orthogonal_iters=args.orthogonal_iters)
+        command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        print(bench.write_results(rows, args.out, bench.machine_description(device), command.strip()))
 
     return run_cli(main)

@@ -51,7 +51,7 @@ def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | None]) -> None:
     """Overwrite ``p.grad`` with ``g`` (zeros where ``g`` is None)."""
     for p, g in zip(params, grads, strict=True):
-        p.grad = torch.zeros_like(p) if g is None else g.detach()
+        p.grad = torch.zeros_like(p) if g is None else g.detach() if g.requires_grad else g
 
 
 class GradientEngine:

@@ -43,11 +43,11 @@ class StepDecay:
 
 
 def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
-    """A per-step ``LambdaLR`` (constant, step decay, or warmup + cosine)."""
+    """A per-step ``LambdaLR`` (step decay, or warmup + cosine); None for a constant rate."""
     if cfg.schedule == "cosine":
         factor = WarmupCosine(cfg.warmup_steps, total_steps)
     elif cfg.schedule == "step":
         factor = StepDecay(cfg.step_size, cfg.gamma)
     else:
-        factor = StepDecay(step_size=1, gamma=1.0)
+        return None
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

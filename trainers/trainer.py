@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from models.orthogonal import orthogonal_method, orthogonality_error, project_
+from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error, project_
 from trainers.agreement import gradient_agreement
 from trainers.checkpoint import load_checkpoint, save_atomic
 from trainers.config import TrainConfig
@@ -96,6 +96,9 @@ class Trainer:
         self.run_dir = run_directory(logdir, experiment, engine.name, cfg.seed) if logdir is not None else None
         self.overwrite = overwrite
         self.params = [p for _, p in trainable_parameters(model)]
+        methods = {orthogonal_method(m) for m in model.modules()} - {None}
+        self.has_orthogonal = bool(methods)
+        self.needs_projection = bool(methods & set(PROJECTED_METHODS))
         self.optimizer = build_optimizer(self.params, cfg)
         self.scheduler = None
         self.step = 0
@@ -115,9 +118,7 @@ class Trainer:
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
             self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
         rows = self._order[1][index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
-        x = self.task.train.inputs[rows].to(self.device, self.dtype)
-        y = self.task.train.targets[rows].to(self.device)
-        return x, y
+        return self.task.train.inputs[rows].to(self.device, self.dtype), self.task.train.targets[rows].to(self.device)
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict[str, float]:
@@ -154,7 +155,7 @@ class Trainer:
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "engine": self.engine.state_dict(),
             "rng": rng_state(),
             "best": self.best,
@@ -174,7 +175,8 @@ class Trainer:
             raise ConfigError(f"checkpoint was written by trainer '{state['engine_name']}', not '{self.engine.name}'")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scheduler:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
         self.step, self.best = state["step"], state["best"]
@@ -231,9 +233,11 @@ class Trainer:
                     torch.nn.utils.clip_grad_norm_(self.params, cfg.clip_grad_norm)
                 lr = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
-                self.scheduler.step()
+                if self.scheduler:
+                    self.scheduler.step()
                 # orthogonality upkeep (projection models only; no-op otherwise)
-                project_(self.model)
+                if self.needs_projection:
+                    project_(self.model)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 step_s = time.perf_counter() - t0
@@ -247,7 +251,7 @@ class Trainer:
                         "memory/peak_mb": _peak_memory_mb(self.device),
                         **{f"engine/{k}": v for k, v in self.engine.metrics().items()},
                     })
-                    if any(orthogonal_method(m) is not None for m in self.model.modules()):
+                    if self.has_orthogonal:
                         scalars["engine/orthogonality_error"] = orthogonality_error(self.model)
                     bar.set_postfix(loss=f"{loss:.4f}")
                 # evaluate, keep the best validation model, checkpoint

@@ -9,7 +9,7 @@ zeros for parameters the loss does not reach.
 
 import torch
 
-from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.engine import GradientEngine, StepOutput, write_grads
 from trainers.registry import register_engine
 
 __all__ = ["Backprop"]
@@ -20,7 +20,7 @@ class Backprop(GradientEngine):
     """Exact gradients by reverse-mode autodiff through the whole model."""
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
-        params = [p for _, p in trainable_parameters(model)]
+        params = [p for p in model.parameters() if p.requires_grad]
         outputs = model(inputs)
         loss = loss_fn(outputs, targets)
         grads = torch.autograd.grad(loss, params, allow_unused=True)

@@ -1,0 +1,202 @@
+"""Step-time and peak-memory benchmarks, reported as ratios against backprop.
+
+Two suites, both in one process so ratios compare like with like:
+
+* ``overhead``: the Trainer with the backprop engine against a plain
+  hand-written PyTorch loop (zero_grad, forward, backward, step, loss.item())
+  on the same MLP, same batches; rounds alternate between the two.
+* ``engines``: each trainer's step (compute_grads + optimizer step +
+  orthogonality upkeep) on an MLP for each (depth, width), against backprop.
+
+Times are medians over all timed steps after warm-up. Peak memory: on CUDA,
+``max_memory_allocated`` during one step above what was allocated before it;
+on the CPU, the peak of live tensor bytes over one step, from the torch
+profiler's per-op allocation records (op granularity, so approximate).
+"""
+
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import models
+import tasks
+from models.orthogonal import project_
+from trainers.engines.backprop import Backprop
+from trainers.registry import build_engine
+from trainers.trainer import Trainer
+
+__all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
+           "write_results"]
+
+
+def machine_description(device: torch.device) -> str:
+    """CPU model and thread count, or GPU name; torch version."""
+    if device.type == "cuda":
+        what = torch.cuda.get_device_name(device)
+    else:
+        model = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        what = f"{model}, {torch.get_num_threads()} threads"
+    return f"{what}; torch {torch.__version__}"
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_step_memory_mb(step, device: torch.device) -> float:
+    """Peak extra memory of one call of ``step()`` in MiB (see module docstring)."""
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        _sync(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def _batches(x, y, batch_size, seed=0):
+    """Endless batches in a seeded order."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(x), generator=gen)
+        for start in range(0, len(x) - batch_size + 1, batch_size):
+            rows = order[start:start + batch_size]
+            yield x[rows], y[rows]
+
+
+def bench_overhead(*, in_features, width, depth, batch_size, n_train, steps, warmup, rounds, device) -> dict:
+    """Trainer + backprop against a hand-written loop on the same MLP and data."""
+    task = tasks.build("teacher", in_features=in_features, num_classes=10, n_train=n_train,
+                       n_val=256, n_test=256, hidden=64)
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=in_features, out_features=10, depth=depth, width=width,
+                         activation="relu")
+    plain = copy.deepcopy(model).to(device)
+    trainer = Trainer(model, Backprop(), task, optimizer="sgd", lr=0.01, momentum=0.9,
+                      batch_size=batch_size, progress=False, device=str(device), eval_every=10**9)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    batches = _batches(task.train.inputs, task.train.targets, batch_size)
+
+    def plain_loop(n):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(plain(x), y)
+            loss.backward()
+            opt.step()
+            loss.item()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    trainer.fit(steps=warmup)
+    plain_loop(warmup)
+    trainer_times, plain_times = [], []
+    def trainer_loop(n):
+        first = len(trainer.step_times)
+        trainer.fit(steps=trainer.step + n)
+        return trainer.step_times[first:]
+
+    for r in range(rounds):  # alternate which goes first, against drift
+        if r % 2:
+            plain_times += plain_loop(steps)
+            trainer_times += trainer_loop(steps)
+        else:
+            trainer_times += trainer_loop(steps)
+            plain_times += plain_loop(steps)
+    t_trainer, t_plain = statistics.median(trainer_times), statistics.median(plain_times)
+    return {"suite": "overhead", "model": f"mlp depth {depth} width {width} in {in_features}",
+            "batch_size": batch_size, "steps_timed": len(trainer_times),
+            "trainer_ms": 1e3 * t_trainer, "plain_loop_ms": 1e3 * t_plain, "ratio": t_trainer / t_plain}
+
+
+def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
+                  orthogonal="bjorck", orthogonal_iters=3) -> list[dict]:
+    """Step time and peak memory of each trainer on square MLPs, with ratios to backprop."""
+    rows = []
+    for depth in depths:
+        for width in widths:
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randn(batch_size, width, generator=gen).to(device)
+            y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
+            base = None
+            for name in ["backprop"] + [t for t in trainers if t != "backprop"]:
+                torch.manual_seed(0)
+                model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
+                                     activation=activation, orthogonal=orthogonal,
+                                     orthogonal_iters=orthogonal_iters).to(device)
+                engine = build_engine(name)
+                engine.check(model)
+                opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+                def step():
+                    engine.compute_grads(model, x, y, F.cross_entropy)
+                    opt.step()
+                    project_(model)
+
+                for _ in range(warmup):
+                    step()
+                times = []
+                for _ in range(steps):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    step()
+                    _sync(device)
+                    times.append(time.perf_counter() - t0)
+                ms = 1e3 * statistics.median(times)
+                mem = peak_step_memory_mb(step, device)
+                if name == "backprop":
+                    base = (ms, mem)
+                rows.append({"suite": "engines", "trainer": name, "depth": depth, "width": width,
+                             "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}",
+                             "step_ms": ms, "ratio_to_backprop": ms / base[0],
+                             "peak_mb": mem, "memory_ratio_to_backprop": mem / base[1] if base[1] else float("nan")})
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Rows of one suite as a Markdown table (floats to 3 significant digits)."""
+    if not rows:
+        return ""
+    keys = [k for k in rows[0] if k != "suite"]
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(rows: list[dict], out_dir, machine: str, command: str) -> str:
+    """``bench.json`` and ``bench.md`` in ``out_dir``; returns the Markdown."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps({"machine": machine, "command": command, "rows": rows}, indent=2))
+    text = f"Machine: {machine}\n\nCommand: `{command}`\n\n"
+    for suite in dict.fromkeys(r["suite"] for r in rows):
+        text += f"### {suite}\n\n" + markdown_table([r for r in rows if r["suite"] == suite]) + "\n"
+    (out_dir / "bench.md").write_text(text)
+    return text
