@@ -42,6 +42,9 @@ BAD_INPUTS = {
     "shape mismatch": (["--in-features", "10"], "does not accept the inputs of task 'digits'"),
     "bad activation": (["--activation", "swish"], "unknown activation 'swish'"),
     "bad orthogonal": (["--orthogonal", "qr"], "qr"),
+    "unknown task option": (["--task", "teacher", "--task-option", "nope=1"], "'nope'"),
+    "malformed task option": (["--task-option", "n_train"], "KEY=VALUE"),
+    "negative steps": (["--steps", "-3"], "at least one step"),
 }
 
 
@@ -124,3 +127,13 @@ def test_compare_writes_runs_tags_table_and_png(tmp_path, capsys):
         assert lines and all(line.startswith('{"step": ') for line in lines)
     out = capsys.readouterr().out
     assert "tensorboard --logdir" in out
+
+
+def test_train_with_task_options_writes_a_complete_run(tmp_path, capsys):
+    code = train_main(["--task", "teacher", "--task-option", "n_train=128", "--task-option", "in_features=8",
+                       "--steps", "6", "--logdir", str(tmp_path), "--experiment", "e", "--progress", "false",
+                       "--checkpoint-every", "3"])
+    assert code == 0
+    run = tmp_path / "e" / "backprop" / "seed0"
+    assert {"checkpoint.pt", "metrics.jsonl", "result.json"} <= {p.name for p in run.iterdir()}
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]

@@ -7,6 +7,8 @@ a NaN/Inf loss exits with code 1.
 """
 
 import argparse
+import ast
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -63,6 +65,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/val split (default: 0)")
+    parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a task-specific option, e.g. --task-option n_train=4096 (repeatable)")
     parser.add_argument("--epochs", type=int, default=10, help="training epochs (default: 10)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (overrides --epochs)")
     parser.add_argument("--logdir", default="runs", help="root of the TensorBoard runs (default: runs)")
@@ -75,7 +79,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     add_arguments(parser, TrainConfig, title="training options")
     for name in available():
         cls = engine_class(name)
-        if any(True for _ in cls.Options.__dataclass_fields__):
+        if dataclasses.fields(cls.Options):
             add_arguments(parser, cls.Options, prefix=f"{name}_", title=f"{name} options")
     return parser
 
@@ -89,7 +93,8 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     engine = build_engine(trainer, **options_from_args(args, engine_class(trainer).Options, prefix=f"{trainer}_"))
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
-    task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed)
+    task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed,
+                       **_key_values(args.task_option))
     model_options = {name[len("model_"):]: _model_value(name[len("model_"):], value)
                      for name, value in vars(args).items() if name.startswith("model_") and name != "model_"}
     model_options.setdefault("in_features", task.in_features)
@@ -97,6 +102,20 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
     return engine, task, model, cfg
+
+
+def _key_values(items: list[str]) -> dict:
+    """["n_train=4096", "flatten=False"] -> {"n_train": 4096, "flatten": False} (Python literals, else strings)."""
+    options = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--task-option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key] = text
+    return options
 
 
 def run_cli(main) -> int:

@@ -41,6 +41,9 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -
         ax.grid(alpha=0.3)
         if tag == "train/loss":
             ax.set_yscale("log")
+        if tag == "grad/cosine_global" and ax.lines:
+            lowest = min(line.get_ydata().min() for line in ax.lines)
+            ax.set_ylim(min(lowest, 0.9) - 0.01, 1.01)  # cosines near 1 stay readable, not zoomed to 1e-12
         if ax.lines:
             ax.legend()
         else:
