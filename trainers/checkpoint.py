@@ -10,17 +10,17 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["save_atomic", "load_checkpoint"]
+__all__ = ["save_atomic", "load_checkpoint", "write_text_atomic"]
 
 
-def save_atomic(state: dict, path: str | os.PathLike) -> Path:
-    """``torch.save(state)`` to ``path`` via temporary file + fsync + ``os.replace``."""
+def _write_atomic(path: str | os.PathLike, write) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -28,6 +28,16 @@ def save_atomic(state: dict, path: str | os.PathLike) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def save_atomic(state: dict, path: str | os.PathLike) -> Path:
+    """``torch.save(state)`` to ``path`` atomically."""
+    return _write_atomic(path, lambda f: torch.save(state, f))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically."""
+    return _write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error, project_
 from trainers.agreement import gradient_agreement
-from trainers.checkpoint import load_checkpoint, save_atomic
+from trainers.checkpoint import load_checkpoint, save_atomic, write_text_atomic
 from trainers.config import TrainConfig
 from trainers.engine import GradientEngine, trainable_parameters
 from trainers.errors import ConfigError, NonFiniteLossError
@@ -219,42 +219,15 @@ class Trainer:
                 # agreement with exact backprop (leaves model, engine and RNG untouched)
                 if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:
                     scalars.update(self._agreement_scalars(x, y))
-                t0 = time.perf_counter()
-                # gradients: the engine stands where loss.backward() would
-                out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
-                loss = out.loss.item()
-                if not math.isfinite(loss):
-                    raise NonFiniteLossError(
-                        f"loss is {loss} at step {self.step}; training stopped"
-                        + (f", last good checkpoint kept at {ckpt}" if ckpt is not None and ckpt.exists() else "")
-                    )
-                # clip, step, schedule
-                if cfg.clip_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(self.params, cfg.clip_grad_norm)
-                lr = self.optimizer.param_groups[0]["lr"]
-                self.optimizer.step()
-                if self.scheduler:
-                    self.scheduler.step()
-                # orthogonality upkeep (projection models only; no-op otherwise)
-                if self.needs_projection:
-                    project_(self.model)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                step_s = time.perf_counter() - t0
+                # gradients, clip, step, schedule, orthogonality upkeep
+                loss, lr, step_s = self._train_step(x, y, ckpt)
                 self.step += 1
                 bar.update(1)
                 # log
                 if self.step % cfg.log_every == 0 or self.step == total:
-                    scalars.update({
-                        "train/loss": loss, "train/lr": lr,
-                        "time/step_ms": 1e3 * step_s, "time/samples_per_s": len(y) / step_s,
-                        "memory/peak_mb": _peak_memory_mb(self.device),
-                        **{f"engine/{k}": v for k, v in self.engine.metrics().items()},
-                    })
-                    if self.has_orthogonal:
-                        scalars["engine/orthogonality_error"] = orthogonality_error(self.model)
+                    scalars.update(self._train_scalars(loss, lr, step_s, len(y)))
                     bar.set_postfix(loss=f"{loss:.4f}")
-                # evaluate, keep the best validation model, checkpoint
+                # evaluate, keep the best validation model
                 evaluated = self.step % eval_every == 0 or self.step == total
                 if evaluated:
                     val = self.evaluate("val")
@@ -262,31 +235,65 @@ class Trainer:
                     if self._better(val):
                         self.best = {"step": self.step, "val": val, "state": copy.deepcopy(self.model.state_dict())}
                 if scalars:
-                    record = {"step": self.step, **scalars}
-                    self.history.append(record)
+                    self.history.append({"step": self.step, **scalars})
                     if logger:
                         logger.log(self.step, scalars)
+                # checkpoint (after the logs it covers are flushed)
                 if evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
                     if logger:
                         logger.flush()
                     self.save_checkpoint()
                 self.step_times.append(time.perf_counter() - t_iter)
+        except BaseException:
+            if logger:
+                logger.close()
+            raise
         finally:
             bar.close()
-            if logger:
-                logger.flush()
         report = self._final_report()
         if logger:
             logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
             logger.log_hparams(
-                {**self.engine.hparams(), **{k: v for k, v in as_dict(cfg).items() if k not in ("progress",)},
+                {**self.engine.hparams(), **{k: v for k, v in as_dict(cfg).items() if k != "progress"},
                  "task": self.task.name, "model": type(self.model).__name__},
                 {f"best_val_{k}": v for k, v in report["best_val"].items()}
                 | {f"test_{k}": v for k, v in report["test"].items()},
             )
             logger.close()
-            (self.run_dir / "result.json").write_text(json.dumps(report, indent=2) + "\n")
+            write_text_atomic(self.run_dir / "result.json", json.dumps(report, indent=2) + "\n")
         return report
+
+    def _train_step(self, x, y, ckpt) -> tuple[float, float, float]:
+        """One update; returns (loss, learning rate used, seconds)."""
+        t0 = time.perf_counter()
+        # the engine stands where loss.backward() would
+        out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
+        loss = out.loss.item()
+        if not math.isfinite(loss):
+            kept = f", last good checkpoint kept at {ckpt}" if ckpt is not None and ckpt.exists() else ""
+            raise NonFiniteLossError(f"loss is {loss} at step {self.step}; training stopped{kept}")
+        if self.cfg.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        if self.scheduler:
+            self.scheduler.step()
+        if self.needs_projection:
+            project_(self.model)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return loss, lr, time.perf_counter() - t0
+
+    def _train_scalars(self, loss, lr, step_s, batch) -> dict[str, float]:
+        scalars = {
+            "train/loss": loss, "train/lr": lr,
+            "time/step_ms": 1e3 * step_s, "time/samples_per_s": batch / step_s,
+            "memory/peak_mb": _peak_memory_mb(self.device),
+            **{f"engine/{k}": v for k, v in self.engine.metrics().items()},
+        }
+        if self.has_orthogonal:
+            scalars["engine/orthogonality_error"] = orthogonality_error(self.model)
+        return scalars
 
     def _agreement_scalars(self, x, y) -> dict[str, float]:
         report = gradient_agreement(self.model, self.engine, x, y, self.task.loss_fn)
