@@ -97,17 +97,18 @@ def test_nan_loss_exits_1(tmp_path, capsys):
     assert code == 1 and "loss is" in err and "training stopped" in err
 
 
-def test_compare_writes_runs_tags_table_and_png(tmp_path, capsys):
-    logdir = tmp_path / "runs"
-    code = compare_main(["--trainers", "backprop", "--seeds", "0,1", "--epochs", "2", "--grad-agreement-every", "5",
-                         "--log-every", "5", "--logdir", str(logdir), "--experiment", "exp", "--progress", "false",
-                         "--orthogonal", "bjorck", "--depth", "3", "--width", "32"])
-    assert code == 0
-    exp = logdir / "exp"
-    assert (exp / "summary.md").read_text().count("| backprop | 2 |") == 1
+def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, capsys):
+    """``scripts/compare.py`` with no arguments: the embedded comparison on digits."""
+    monkeypatch.chdir(tmp_path)
+    assert compare_main([]) == 0
+    exp = tmp_path / "runs" / "compare-digits"
+    trainer_names = [p.name for p in exp.iterdir() if p.is_dir()]
+    assert "backprop" in trainer_names
+    summary = (exp / "summary.md").read_text()
+    assert "| backprop | 3 |" in summary and "digits" in summary
     png = (exp / "comparison.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         run = exp / "backprop" / f"seed{seed}"
         # one run per (experiment, trainer, seed): no sub-runs (add_scalars or hparams timestamps)
         assert not [p for p in run.iterdir() if p.is_dir()]
@@ -116,17 +117,17 @@ def test_compare_writes_runs_tags_table_and_png(tmp_path, capsys):
         tags = set(acc.Tags()["scalars"])
         expected = {"train/loss", "eval/loss", "eval/accuracy", "grad/cosine_global", "time/step_ms",
                     "time/samples_per_s", "memory/peak_mb", "engine/orthogonality_error",
-                    "grad/cosine/layers.0.weight", "grad/rel_error/layers.2.bias"}
+                    "grad/cosine/layers.0.weight", "grad/rel_error/layers.3.bias", "test/accuracy"}
         assert expected <= tags, expected - tags
         cos = [e.value for e in acc.Scalars("grad/cosine_global")]
         assert cos and all(abs(c - 1) < 1e-5 for c in cos)
+        assert max(e.value for e in acc.Scalars("engine/orthogonality_error")) < 1e-5
         start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
         hparams = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
         assert hparams["trainer"].string_value == "backprop" and hparams["seed"].number_value == seed
         lines = (run / "metrics.jsonl").read_text().splitlines()
         assert lines and all(line.startswith('{"step": ') for line in lines)
-    out = capsys.readouterr().out
-    assert "tensorboard --logdir" in out
+    assert "tensorboard --logdir" in capsys.readouterr().out
 
 
 def test_train_with_task_options_writes_a_complete_run(tmp_path, capsys):
