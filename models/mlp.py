@@ -10,7 +10,9 @@ The hidden weights W_1 .. W_{L-1} can be made orthogonal (``models.orthogonal``)
 the output layer stays free unless ``orthogonal_output``.
 
 Layer-stack protocol (``trainers.protocols.LayerStack``): ``layers`` (the L
-linear maps, in order), ``act`` (the activation module), ``dropout``.
+linear maps, in order), ``act`` (the activation module), ``dropouts`` (one
+per hidden layer, so frozen masks differ between layers) and
+``input_features(x) -> h_0`` (here: flatten).
 """
 
 from collections.abc import Sequence
@@ -65,7 +67,7 @@ class MLP(nn.Module):
             nn.Linear(d_in, d_out, bias=bias) for d_in, d_out in zip(dims[:-1], dims[1:])
         )
         self.act = build_activation(activation)
-        self.dropout = ConsistentDropout(dropout)
+        self.dropouts = nn.ModuleList(ConsistentDropout(dropout) for _ in self.layers[:-1])
         ortho_layers = self.layers if orthogonal_output else self.layers[:-1]
         for layer in ortho_layers:
             make_orthogonal(layer, orthogonal, iters=orthogonal_iters)
@@ -75,8 +77,13 @@ class MLP(nn.Module):
         """[d_0, d_1, ..., d_L]."""
         return [self.layers[0].in_features] + [layer.out_features for layer in self.layers]
 
+    @staticmethod
+    def input_features(x):
+        """h_0: the flattened input, (B, ...) -> (B, d_0)."""
+        return x.flatten(1)
+
     def forward(self, x):
-        h = x.flatten(1)  # (B, d_0)
-        for layer in self.layers[:-1]:
-            h = self.act(self.dropout(layer(h)))  # (B, d_l)
+        h = self.input_features(x)  # (B, d_0)
+        for layer, dropout in zip(self.layers[:-1], self.dropouts):
+            h = self.act(dropout(layer(h)))  # (B, d_l)
         return self.layers[-1](h)  # (B, d_L)

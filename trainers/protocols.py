@@ -4,8 +4,11 @@ Models know nothing of engines: they satisfy these small structural
 protocols by having the named attributes. Engines check them with
 ``require`` and refuse other models with one ``IncompatibleModelError`` line.
 
-* ``LayerStack`` (FOTON, PEPITA): ``h_l = act(drop(W_l h_{l-1} + b_l))``,
-  ``y = W_L h_{L-1} + b_L``. Zoo: ``mlp``.
+* ``LayerStack`` (FOTON, PEPITA): ``h_0 = input_features(x)``,
+  ``h_l = act(drop_l(A_l h_{l-1} + b_l))``, ``y = A_L h_{L-1} + b_L`` where each
+  ``A_l`` is a linear map that can apply its adjoint: an ``nn.Linear``
+  (adjoint ``v W``) or a module with an ``adjoint(v)`` method (orthogonal
+  convolutions). Zoo: ``mlp``, orthogonal CNNs.
 * ``ResidualStack`` (Highway-BP): ``h_0 = stem(x)``,
   ``h_i = combine_i(h_{i-1}, branch_i(h_{i-1}))``, ``y = head(h_L)``; the
   residual Jacobian ``K_i = d combine / d h`` is cheap (identity, scalar or
@@ -28,9 +31,12 @@ __all__ = ["LayerStack", "ResidualStack", "RecurrentLayer", "require"]
 
 @runtime_checkable
 class LayerStack(Protocol):
-    layers: Sequence[nn.Module]  # L linear maps W_1 .. W_L, in order
+    layers: Sequence[nn.Module]  # L linear maps A_1 .. A_L (+ bias), in order
     act: Callable[[torch.Tensor], torch.Tensor]  # hidden activation
-    dropout: nn.Module  # a models.ConsistentDropout, before the activation
+    dropouts: Sequence[nn.Module]  # L-1 models.ConsistentDropout, before the activation
+
+    def input_features(self, x: torch.Tensor) -> torch.Tensor:
+        """h_0 from the raw input (e.g. flatten)."""
 
 
 @runtime_checkable
