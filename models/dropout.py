@@ -37,6 +37,18 @@ class ConsistentDropout(nn.Module):
             self.mask = mask
         return x * mask
 
+    @contextmanager
+    def shared_mask(self):
+        """Within the block this module draws its mask once and reuses it; dropped on exit.
+
+        Lets an engine run two streams through one layer with one mask, layer
+        by layer, without keeping every layer's mask alive at once."""
+        self.frozen, self.mask = True, None
+        try:
+            yield
+        finally:
+            self.frozen, self.mask = False, None
+
     def extra_repr(self):
         return f"p={self.p}"
 

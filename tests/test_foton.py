@@ -1,0 +1,233 @@
+"""FOTON: exact backprop on linear orthogonal stacks (float64), the limits of
+that exactness, its three modes, and the Trainer integration."""
+
+import pytest
+import torch
+
+import models
+import tasks
+import trainers
+from engine_contract import EngineContract, toy_batch
+from tasks.base import cross_entropy_loss
+from trainers.engine import trainable_parameters
+from trainers.engines.backprop import Backprop
+from trainers.engines.foton import Foton
+
+
+class TestFotonContract(EngineContract):
+    engine_name = "foton"
+
+    def make_models(self, dtype=torch.float32):
+        torch.manual_seed(0)
+        return [
+            models.build("mlp", in_features=12, out_features=4, depth=3, width=10, activation="tanh",
+                         dropout=0.1, orthogonal="bjorck"),
+            models.build("mlp", in_features=12, out_features=4, depth=2, width=12, activation="identity",
+                         orthogonal="expm"),
+        ]
+
+
+class TestFotonLowMemContract(TestFotonContract):
+    engine_options = {"mode": "lowmem"}
+
+
+class TestFotonJvpContract(TestFotonContract):
+    engine_options = {"mode": "jvp"}
+
+
+def narrowing_mlp(depth, *, d0=40, d_out=5, bias=True, activation="identity", orthogonal="polar",
+                  dropout=0.0, dtype=torch.float64, seed=0):
+    """Orthogonal hidden layers, non-increasing widths, free output layer, built in ``dtype``."""
+    widths = [max(d0 - 2 * i, d_out + 1) for i in range(1, depth)]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(seed)
+        return models.build("mlp", in_features=d0, out_features=d_out, depth=depth, width=widths,
+                            activation=activation, bias=bias, orthogonal=orthogonal, dropout=dropout)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def grads(engine, model, x, y, seed=0):
+    torch.manual_seed(seed)
+    engine.compute_grads(model, x, y, cross_entropy_loss)
+    return {n: p.grad.clone() for n, p in trainable_parameters(model)}
+
+
+def batch(dtype=torch.float64, d0=40, classes=5, n=32, scale=3.0):
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(n, d0, generator=gen, dtype=dtype) * scale, torch.randint(0, classes, (n,), generator=gen)
+
+
+@pytest.mark.parametrize("mode", ["difference", "jvp", "lowmem"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("depth", [2, 3, 8, 20])
+def test_linear_orthogonal_stack_equals_backprop_float64(depth, bias, mode):
+    model = narrowing_mlp(depth, bias=bias)
+    x, y = batch()
+    got, ref = grads(Foton(mode=mode), model, x, y), grads(Backprop(), model, x, y)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-10, atol=1e-13, msg=name)
+
+
+@pytest.mark.parametrize("orthogonal", ["expm", "cayley"])
+def test_geotorch_layers_equal_backprop_through_the_parametrization(orthogonal):
+    model = narrowing_mlp(4, orthogonal=orthogonal)
+    x, y = batch()
+    got, ref = grads(Foton(), model, x, y), grads(Backprop(), model, x, y)
+    assert any("original" in name for name in ref)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-10, atol=1e-13, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["difference", "jvp", "lowmem"])
+def test_linear_orthogonal_stack_float32(mode):
+    """float32: the difference of two passes cancels (|x| ~ 19, |F e| <= 1.4), so the
+    tolerance is on the relative error of each tensor, |G - grad| / |grad| < 1e-4."""
+    model = narrowing_mlp(8, dtype=torch.float32)
+    x, y = batch(torch.float32)
+    report = trainers.gradient_agreement(model, Foton(mode=mode), x, y, cross_entropy_loss)
+    for name, stats in report["per_param"].items():
+        assert stats["rel_error"] < 1e-4, (name, stats)
+
+
+def test_same_dropout_masks_make_one_hidden_layer_exact():
+    """Depth 2, identity, dropout 0.5: exact only if both FOTON passes and the
+    backprop reference use the same mask (D W^T e on both sides)."""
+    model = narrowing_mlp(2, dropout=0.5)
+    x, y = batch()
+    for mode in ("difference", "lowmem", "jvp"):
+        report = trainers.gradient_agreement(model, Foton(mode=mode), x, y, cross_entropy_loss)
+        for name, stats in report["per_param"].items():
+            assert stats["rel_error"] < 1e-10, (mode, name, stats)
+
+
+def test_lowmem_equals_difference_with_dropout_and_tanh():
+    model = narrowing_mlp(6, activation="tanh", dropout=0.2)
+    x, y = batch()
+    a, b = grads(Foton(), model, x, y, seed=5), grads(Foton(mode="lowmem"), model, x, y, seed=5)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_jvp_is_the_small_error_limit_of_the_difference():
+    model = narrowing_mlp(5, activation="tanh")
+    x, y = batch()
+    jvp = grads(Foton(mode="jvp"), model, x, y)
+
+    def distance(scale):
+        diff = grads(Foton(error_scale=scale), model, x, y)
+        return max(((diff[n] - jvp[n]).norm() / jvp[n].norm()).item() for n in jvp)
+
+    far, near = distance(1.0), distance(1e-2)
+    assert far > 1e-3  # the difference rule is not first order at scale 1
+    assert near < 2e-2 * far  # the gap closes linearly in the scale
+    assert distance(1e-4) < 2e-2 * near  # ... down to float64 rounding
+
+
+def test_widening_layer_breaks_exactness():
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = models.build("mlp", in_features=20, out_features=5, depth=3, width=[40, 16],
+                             activation="identity", orthogonal="polar")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    x, y = batch(d0=20)
+    report = trainers.gradient_agreement(model, Foton(), x, y, cross_entropy_loss)
+    assert report["per_param"]["layers.0.weight"]["cosine"] < 0.99
+
+
+@pytest.mark.parametrize("activation, bound", [("tanh", 0.995), ("relu", 0.98)])
+def test_one_hidden_layer_nonlinear_is_close_at_init(activation, bound):
+    model = narrowing_mlp(2, activation=activation, d0=64)
+    x, y = batch(d0=64, scale=1.0)
+    report = trainers.gradient_agreement(model, Foton(), x, y, cross_entropy_loss)
+    assert report["per_param"]["layers.0.weight"]["cosine"] > bound
+
+
+def test_output_layer_is_exact_for_any_network():
+    model = narrowing_mlp(6, activation="relu", dropout=0.2)
+    x, y = batch()
+    report = trainers.gradient_agreement(model, Foton(), x, y, cross_entropy_loss)
+    assert report["per_param"]["layers.5.weight"]["rel_error"] < 1e-12
+    assert report["per_param"]["layers.5.bias"]["rel_error"] < 1e-12
+    assert report["per_param"]["layers.0.weight"]["cosine"] < 0.99  # deeper ReLU layers are not exact
+
+
+def test_scaled_hidden_layer_keeps_direction_and_scales_norm():
+    model = narrowing_mlp(4, bias=False)
+    with torch.no_grad():
+        model.layers[1].weight.mul_(1.1)  # W W^T = 1.21 I
+    x, y = batch()
+    report = trainers.gradient_agreement(model, Foton(), x, y, cross_entropy_loss)
+    ratios = [report["per_param"][f"layers.{i}.weight"]["norm_ratio"] for i in range(4)]
+    assert [round(r, 8) for r in ratios] == [1.0, 1.21, 1.21, 1.0]
+    assert all(stats["cosine"] > 1 - 1e-12 for stats in report["per_param"].values())
+
+
+def test_the_minus_sign_matters():
+    """x + F e instead of x - F e gives minus the gradient on hidden layers."""
+
+    class PlusFoton(Foton):
+        sign = 1.0
+
+    model = narrowing_mlp(4)
+    x, y = batch()
+    report = trainers.gradient_agreement(model, PlusFoton(), x, y, cross_entropy_loss)
+    assert report["per_param"]["layers.1.weight"]["cosine"] == pytest.approx(-1.0, abs=1e-12)
+
+
+def test_temperature_convention():
+    """With T != 1 the error is softmax(T y) - onehot: the output grad equals that of CE(T y) / T."""
+    model = narrowing_mlp(2)
+    x, y = batch()
+    got = grads(Foton(temperature=3.0), model, x, y)
+    model.zero_grad()
+    (cross_entropy_loss(3.0 * model(x), y) / 3.0).backward()
+    torch.testing.assert_close(got["layers.1.weight"], model.layers[1].weight.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_dense_and_adjoint_feedback_agree_and_dense_refreshes():
+    model = narrowing_mlp(5, activation="tanh")
+    x, y = batch()
+    dense_engine = Foton(feedback="dense")
+    a, b = grads(dense_engine, model, x, y), grads(Foton(feedback="adjoint"), model, x, y)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-12, atol=1e-14)
+    # change the weights in place (an optimizer step + projection): the cached F must follow
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.weight.add_(0.05 * torch.randn_like(layer.weight))
+    models.orthogonal.project_(model)
+    linear = narrowing_mlp(5)
+    linear.load_state_dict(model.state_dict())
+    got, ref = grads(dense_engine, linear, x, y), grads(Backprop(), linear, x, y)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-10, atol=1e-13)
+
+
+def test_refuses_residual_and_non_orthogonal_models():
+    with pytest.raises(trainers.IncompatibleModelError, match="layer stack"):
+        Foton().check(models.build("residual_mlp", in_features=4, out_features=2))
+    with pytest.raises(trainers.IncompatibleModelError, match="orthogonal hidden layers"):
+        Foton().check(models.build("mlp", in_features=4, out_features=2, depth=3))
+    with pytest.raises(trainers.ConfigError):
+        Foton(temperature=0.0)
+
+
+def test_trains_digits_and_keeps_weights_orthogonal():
+    task = tasks.build("digits")
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=64, out_features=10, depth=4, width=64, activation="tanh",
+                         orthogonal="bjorck")
+    trainer = trainers.Trainer(model, Foton(), task, lr=0.05, optimizer="sgd", progress=False,
+                               grad_agreement_every=10)
+    before = trainer.evaluate("val")["accuracy"]
+    report = trainer.fit(epochs=3)
+    assert report["best_val"]["accuracy"] > max(0.6, before + 0.3)
+    errors = [r["engine/orthogonality_error"] for r in trainer.history if "engine/orthogonality_error" in r]
+    assert errors and max(errors) < 1e-5
+    cos = [r["grad/cosine/layers.3.weight"] for r in trainer.history if "grad/cosine/layers.3.weight" in r]
+    assert cos and min(cos) > 1 - 1e-4  # the output layer is always exact

@@ -1,0 +1,90 @@
+"""PEPITA, both published rules, against updates written out by hand (float64)."""
+
+import math
+
+import pytest
+import torch
+
+import models
+import tasks
+import trainers
+from engine_contract import EngineContract
+from tasks.base import cross_entropy_loss
+from trainers.engine import trainable_parameters
+from trainers.engines.pepita import Pepita
+
+
+class TestPepitaContract(EngineContract):
+    engine_name = "pepita"
+
+    def make_models(self, dtype=torch.float32):
+        torch.manual_seed(0)
+        return [models.build("mlp", in_features=12, out_features=4, depth=2, width=16, activation="relu",
+                             dropout=0.1)]
+
+
+class TestPepitaIcmlContract(TestPepitaContract):
+    engine_options = {"variant": "icml2022"}
+
+
+def by_hand(model, F, x, y, variant):
+    """The PEPITA update for a 3-layer ReLU MLP, written out."""
+    W = [layer.weight for layer in model.layers]
+    b = [layer.bias for layer in model.layers]
+    relu = torch.relu
+
+    def forward(h0):
+        h1 = relu(h0 @ W[0].T + b[0])
+        h2 = relu(h1 @ W[1].T + b[1])
+        return h1, h2, h2 @ W[2].T + b[2]
+
+    onehot = torch.nn.functional.one_hot(y, 3).double()
+    h1, h2, out = forward(x)
+    e = torch.softmax(out, 1) - onehot
+    x_mod = x + e @ F.T if variant == "icml2022" else x - e @ F.T
+    m1, m2, out_mod = forward(x_mod)
+    e_last = torch.softmax(out_mod, 1) - onehot if variant == "icml2022" else e
+    B = len(x)
+    return {
+        "layers.0.weight": (h1 - m1).T @ x_mod / B, "layers.0.bias": (h1 - m1).mean(0),
+        "layers.1.weight": (h2 - m2).T @ m1 / B, "layers.1.bias": (h2 - m2).mean(0),
+        "layers.2.weight": e_last.T @ m2 / B, "layers.2.bias": e_last.mean(0),
+    }
+
+
+@pytest.mark.parametrize("variant", ["icml2022", "iclr2024"])
+def test_matches_the_rule_written_by_hand(variant):
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=6, out_features=3, depth=3, width=5, activation="relu").double()
+    x = torch.randn(16, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (16,))
+    engine = Pepita(variant=variant)
+    engine.compute_grads(model, x, y, cross_entropy_loss)
+    expected = by_hand(model, engine.F, x, y, variant)
+    for name, p in trainable_parameters(model):
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_feedback_is_fixed_seeded_scaled_and_checkpointed():
+    model = models.build("mlp", in_features=6, out_features=3, depth=2, width=5)
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    a, b = Pepita(), Pepita(feedback_seed=1)
+    a.compute_grads(model, x, y, cross_entropy_loss)
+    first = a.F.clone()
+    a.compute_grads(model, x, y, cross_entropy_loss)
+    assert torch.equal(a.F, first)  # never trained
+    assert a.F.abs().max() <= 0.05 * math.sqrt(6 / 6)
+    b.compute_grads(model, x, y, cross_entropy_loss)
+    assert not torch.equal(a.F, b.F)
+    c = Pepita(feedback_seed=1)
+    c.load_state_dict(a.state_dict())
+    assert torch.equal(c.F, a.F)
+
+
+def test_pepita_trains_a_shallow_net_on_digits():
+    task = tasks.build("digits")
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=64, out_features=10, depth=2, width=64, activation="relu")
+    trainer = trainers.Trainer(model, Pepita(), task, optimizer="sgd", lr=0.01, momentum=0.9, progress=False)
+    report = trainer.fit(epochs=5)
+    assert report["best_val"]["accuracy"] > 0.5

@@ -1,0 +1,174 @@
+"""Shared machinery of the forward-only engines (FOTON, PEPITA) on a layer stack.
+
+A layer stack (``trainers.protocols.LayerStack``) computes
+
+    h_0 = input_features(x),  h_l = act(drop_l(A_l h_{l-1} + b_l)),  y = A_L h_{L-1} + b_L.
+
+A forward-only engine runs a clean pass, takes the output error
+``e = dloss/dy`` per sample (``softmax(T y) - onehot`` for cross-entropy), runs
+a second pass on a modulated input ``h~_0 = h_0 + s F e`` with the same dropout
+masks, and sets for every layer
+
+    G_l = (1/B) sum_batch delta_l (presynaptic_{l-1})^T
+
+with ``delta_l = h_l - h~_l`` for hidden layers and an output error for the
+last one. No backward pass through the network: the only autograd is local
+(the loss head for ``e``; the VJP of one layer's linear map for layers that are
+not plain ``nn.Linear``, e.g. parametrized convolutions; the VJP through a
+geotorch parametrization).
+
+Dropout masks: every pass restores the torch RNG to the state of the step's
+start, so each pass (and a backprop reference run from the same state, as in
+``trainers.gradient_agreement``) draws the same masks in layer order; at the
+end the RNG is left where one forward pass leaves it.
+"""
+
+import torch
+import torch.nn as nn
+from torch.nn.utils import parametrize
+
+from models.orthogonal import route_weight_grad
+from trainers.engine import GradientEngine, StepOutput, write_grads
+from trainers.protocols import LayerStack, require
+from trainers.rng import set_torch_rng_state, torch_rng_state
+
+__all__ = ["stack_forward", "output_error", "layer_adjoint", "write_layer_grads", "linear_part", "MaskReplay",
+           "ModulatedForward"]
+
+
+def linear_part(layer: nn.Module) -> nn.Linear | None:
+    """The ``nn.Linear`` computing ``layer`` on flattened inputs (the layer itself, or ``layer.linear``)."""
+    if isinstance(layer, nn.Linear):
+        return layer
+    inner = getattr(layer, "linear", None)
+    return inner if isinstance(inner, nn.Linear) else None
+
+
+def layer_adjoint(layer: nn.Module, v: torch.Tensor) -> torch.Tensor:
+    """A^T v for the linear part of ``layer`` (no bias): (B, *out) -> (B, *in)."""
+    if hasattr(layer, "adjoint"):
+        return layer.adjoint(v)
+    return v @ layer.weight  # nn.Linear: (B, d_out) @ (d_out, d_in)
+
+
+def stack_forward(model, h0, *, keep: bool):
+    """Clean pass from h_0; returns ([h_0 .. h_{L-1}] if keep else [], y)."""
+    hs = [h0] if keep else []
+    h = h0
+    for layer, dropout in zip(model.layers[:-1], model.dropouts):
+        h = model.act(dropout(layer(h)))  # (B, *shape_l)
+        if keep:
+            hs.append(h)
+    return hs, model.layers[-1](h)  # (B, d_L)
+
+
+def output_error(y, targets, loss_fn, temperature: float = 1.0) -> torch.Tensor:
+    """Per-sample output error e = B * d loss_fn(T y, t) / dy / T, shape (B, d_L).
+
+    For the mean cross-entropy this is ``softmax(T y) - onehot(t)`` (FOTON's
+    ``ce_T`` convention); with T = 1 it is B times the exact gradient of the
+    mean loss, for any loss. One local autograd call on the loss head only.
+    """
+    with torch.enable_grad():
+        y = y.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(loss_fn(temperature * y, targets), y)
+    return grad * (y.shape[0] / temperature)
+
+
+def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int) -> None:
+    """Overwrite the grads of ``layer``'s parameters with (1/B) sum delta presynaptic^T.
+
+    ``nn.Linear`` (or a layer wrapping one as ``.linear``): closed form, then routed
+    into the trainable tensor (``route_weight_grad``). Other linear layers: one
+    local VJP of <delta, layer(presynaptic)> / B with respect to the layer's own
+    parameters (its bias gets sum(delta) / B the same way).
+    """
+    linear = linear_part(layer)
+    if linear is not None:
+        d = delta.reshape(batch, -1)  # (B, d_out)
+        route_weight_grad(linear, d.T @ presynaptic.reshape(batch, -1) / batch)  # (d_out, d_in)
+        if linear.bias is not None:
+            linear.bias.grad = d.sum(0) / batch
+        return
+    params = [p for p in layer.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        out = layer(presynaptic.detach())
+        grads = torch.autograd.grad(out, params, grad_outputs=delta / batch, allow_unused=True)
+    write_grads(params, grads)
+
+
+class MaskReplay:
+    """Same dropout masks in every pass of one step, by replaying the torch RNG.
+
+        with MaskReplay() as replay:
+            first pass            # draws the masks
+            replay()              # back to the step's start
+            second pass           # draws the same masks again
+
+    On exit the RNG is where one pass leaves it, as after a backprop step.
+    """
+
+    def __enter__(self):
+        self.start, self.after_first = torch_rng_state(), None
+        return self
+
+    def __call__(self):
+        if self.after_first is None:
+            self.after_first = torch_rng_state()
+        set_torch_rng_state(self.start)
+
+    def __exit__(self, *exc):
+        if self.after_first is not None:
+            set_torch_rng_state(self.after_first)
+        return False
+
+
+class ModulatedForward(GradientEngine):
+    """Two forward passes, local updates (module docstring); subclasses set the rule.
+
+    Subclass attributes: ``sign`` (h~_0 = h_0 + sign F e), ``modulated_presynaptic``
+    (use h~_{l-1} instead of h_{l-1}), ``modulated_output_error`` (use the error
+    of the modulated output for the last layer), and the method ``feedback``.
+    """
+
+    sign: float = -1.0
+    modulated_presynaptic: bool = False
+    modulated_output_error: bool = False
+    zoo = "mlp, ortho_lenet, ortho_convnet"
+
+    def check(self, model):
+        require(model, LayerStack, self.name, "a layer stack h_l = act(A_l h_{l-1} + b_l) with adjoint-capable A_l",
+                self.zoo)
+
+    def feedback(self, model, h0: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """F e in the shape of h_0: (B, d_L) -> (B, *shape_0)."""
+        raise NotImplementedError
+
+    def temperature(self) -> float:
+        return 1.0
+
+    def error_scale(self) -> float:
+        """s in h~_0 = h_0 + sign s F e; the hidden deltas are divided by s."""
+        return 1.0
+
+    def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        batch, layers, T = inputs.shape[0], model.layers, self.temperature()
+        with torch.no_grad(), parametrize.cached(), MaskReplay() as replay:
+            # clean pass, keeping h_0 .. h_{L-1}
+            h0 = model.input_features(inputs)
+            clean, y = stack_forward(model, h0, keep=True)
+            e = output_error(y, targets, loss_fn, T)  # (B, d_L)
+            # modulated pass with the same masks; hidden updates on the fly
+            s = self.error_scale()
+            h = h0 + (self.sign * s) * self.feedback(model, h0, e)
+            replay()
+            for l, (layer, dropout) in enumerate(zip(layers[:-1], model.dropouts)):
+                previous = h
+                h = model.act(dropout(layer(h)))  # h~_l
+                presynaptic = previous if self.modulated_presynaptic else clean[l]
+                write_layer_grads(layer, presynaptic, (clean[l + 1] - h) / s, batch)
+            # output layer
+            err = output_error(layers[-1](h), targets, loss_fn, T) if self.modulated_output_error else e
+            write_layer_grads(layers[-1], h if self.modulated_presynaptic else clean[-1], err, batch)
+            loss = loss_fn(y, targets)
+        return StepOutput(loss=loss, outputs=y)
