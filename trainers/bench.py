@@ -9,11 +9,16 @@ Two suites, both in one process so ratios compare like with like:
   orthogonality upkeep) on an MLP for each (depth, width), against backprop.
 
 Times are medians over all timed steps after warm-up. Peak memory: on CUDA,
-``max_memory_allocated`` during one step above what was allocated before it;
-on the CPU, the peak of live tensor bytes over one step, from the torch
+``max_memory_allocated`` during a call above what was allocated before it;
+on the CPU, the peak of live tensor bytes over the call, from the torch
 profiler's per-op allocation records (op granularity, so approximate).
+Reported for the whole step (with optimizer and orthogonality upkeep) and for
+``compute_grads`` alone with the old grads freed; ``activation_mb`` is the
+latter minus the bytes of the gradients it writes (what grows with depth
+besides the weights themselves).
 """
 
+import ast
 import copy
 import json
 import platform
@@ -33,7 +38,7 @@ from trainers.registry import build_engine
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
-           "write_results"]
+           "write_results", "engine_from_spec"]
 
 
 def machine_description(device: torch.device) -> str:
@@ -150,7 +155,7 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                 model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
                                      activation=activation, orthogonal=orthogonal,
                                      orthogonal_iters=orthogonal_iters).to(device)
-                engine = build_engine(name)
+                engine = engine_from_spec(name)
                 engine.check(model)
                 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
@@ -169,14 +174,33 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                     _sync(device)
                     times.append(time.perf_counter() - t0)
                 ms = 1e3 * statistics.median(times)
-                mem = peak_step_memory_mb(step, device)
+                step_mem = peak_step_memory_mb(step, device)
+                # the gradient computation alone, grads freed first: activations + new grads + temporaries
+                model.zero_grad(set_to_none=True)
+                grads_mem = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, F.cross_entropy), device)
+                grad_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
+                act = grads_mem - grad_mb
                 if name == "backprop":
-                    base = (ms, mem)
+                    base = (ms, act)
                 rows.append({"suite": "engines", "trainer": name, "depth": depth, "width": width,
                              "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}",
-                             "step_ms": ms, "ratio_to_backprop": ms / base[0],
-                             "peak_mb": mem, "memory_ratio_to_backprop": mem / base[1] if base[1] else float("nan")})
+                             "step_ms": ms, "ratio_to_backprop": ms / base[0], "step_peak_mb": step_mem,
+                             "grads_peak_mb": grads_mem, "activation_mb": act,
+                             "activation_ratio_to_backprop": act / base[1] if base[1] > 0 else float("nan")})
     return rows
+
+
+def engine_from_spec(spec: str):
+    """``"foton:mode=lowmem,temperature=2"`` -> ``build_engine("foton", mode="lowmem", temperature=2.0)``."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, _, text = item.partition("=")
+        try:
+            options[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key] = text
+    return build_engine(name, **options)
 
 
 def markdown_table(rows: list[dict]) -> str:

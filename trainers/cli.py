@@ -206,7 +206,8 @@ def bench_main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="Benchmark step time (median) and peak memory per trainer.")
     parser.add_argument("--suite", choices=["overhead", "engines", "all"], default="all")
-    parser.add_argument("--trainers", default=",".join(available()), help="comma list (engines suite)")
+    parser.add_argument("--trainers", default=";".join(available()),
+                        help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite)")
     parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
     parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines suite)")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -222,9 +223,9 @@ def bench_main(argv=None) -> int:
     def main():
         if args.steps < 20:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
-        names = [t.strip() for t in args.trainers.split(",") if t.strip()]
+        names = [t.strip() for t in args.trainers.split(";") if t.strip()]
         for name in names:
-            engine_class(name)
+            bench.engine_from_spec(name)  # unknown trainers and options fail here, before any timing
         device = torch.device(args.device)
         rows = []
         if args.suite in ("overhead", "all"):
