@@ -7,16 +7,21 @@
 from models import orthogonal
 from models.dropout import ConsistentDropout, frozen_masks
 from models.errors import ModelConfigError
+from models.cnn import OrthoConvNet, OrthoLeNet
 from models.mlp import MLP
 from models.registry import available, build, register_model
 from models.residual_mlp import ResidualMLP
 
 register_model("mlp")(MLP)
 register_model("residual_mlp")(ResidualMLP)
+register_model("ortho_lenet")(OrthoLeNet)
+register_model("ortho_convnet")(OrthoConvNet)
 
 __all__ = [
     "MLP",
     "ResidualMLP",
+    "OrthoLeNet",
+    "OrthoConvNet",
     "ConsistentDropout",
     "ModelConfigError",
     "available",

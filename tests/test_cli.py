@@ -12,6 +12,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import trainers
 from trainers.cli import compare_main, train_main
+from trainers.compare import collect_results, pivot_table
 from trainers.engine import GradientEngine
 from trainers.protocols import LayerStack, require
 from trainers.registry import _ENGINES
@@ -138,3 +139,17 @@ def test_train_with_task_options_writes_a_complete_run(tmp_path, capsys):
     run = tmp_path / "e" / "backprop" / "seed0"
     assert {"checkpoint.pt", "metrics.jsonl", "result.json"} <= {p.name for p in run.iterdir()}
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_run_name_and_results_table(tmp_path, capsys):
+    common = ["--task", "teacher", "--task-option", "n_train=128", "--steps", "4", "--logdir", str(tmp_path),
+              "--progress", "false", "--seeds", "0,1", "--experiment", "exp/d2"]
+    assert compare_main([*common, "--trainers", "backprop"]) == 0
+    assert compare_main([*common, "--trainers", "backprop", "--run-name", "bp-plain", "--width", "8"]) == 0
+    assert compare_main([*common, "--trainers", "backprop,backprop", "--run-name", "x"]) == 2
+    rows = collect_results(tmp_path)
+    assert {(r["experiment"], r["run"]) for r in rows} == {("exp/d2", "backprop"), ("exp/d2", "bp-plain")}
+    assert [r["model"]["width"] for r in rows if r["run"] == "bp-plain"] == [8, 8]
+    table = pivot_table(rows, columns=["backprop", "bp-plain"])
+    assert table.splitlines()[0] == "| experiment | backprop | bp-plain |"
+    assert table.splitlines()[2].startswith("| exp/d2 | ") and table.count("(2)") == 2

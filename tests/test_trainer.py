@@ -101,7 +101,9 @@ def test_resume_equals_uninterrupted(task, tmp_path, orthogonal):
     assert without_timing(read_metrics(resumed.run_dir)) == without_timing(read_metrics(whole.run_dir))
     for pa, pb in zip(whole.model.parameters(), resumed.model.parameters()):
         assert torch.equal(pa, pb)
-    assert report == json.loads((whole.run_dir / "result.json").read_text())
+    recorded = json.loads((whole.run_dir / "result.json").read_text())
+    assert report == {k: recorded[k] for k in report}
+    assert recorded["run"] == "backprop" and recorded["model"]["model"] == "MLP"
 
 
 def test_existing_run_needs_resume_or_overwrite(task, tmp_path):

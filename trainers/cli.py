@@ -72,6 +72,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--logdir", default="runs", help="root of the TensorBoard runs (default: runs)")
     parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
+    parser.add_argument("--run-name", default=None,
+                        help="run folder under the experiment (default: the trainer's name; one trainer only)")
     group = parser.add_argument_group("model options")
     for name, (tp, help) in MODEL_FLAGS.items():
         group.add_argument("--" + name.replace("_", "-"), dest="model_" + name, type=tp,
@@ -85,7 +87,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 def build_from_args(args, trainer: str, seed: int | None = None):
-    """(engine, task, model, config) from parsed flags; raises the named user errors."""
+    """(engine, task, model, config, model meta) from parsed flags; raises the named user errors."""
     cfg_options = options_from_args(args, TrainConfig)
     if seed is not None:
         cfg_options["seed"] = seed
@@ -101,7 +103,7 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     model_options.setdefault("out_features", task.num_outputs)
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
-    return engine, task, model, cfg
+    return engine, task, model, cfg, {"name": args.model, **model_options}
 
 
 def _key_values(items: list[str]) -> dict:
@@ -140,9 +142,9 @@ def train_main(argv=None) -> int:
     def main():
         if args.epochs < 1 and args.steps is None:
             raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
-        engine, task, model, cfg = build_from_args(args, args.trainer)
-        trainer = Trainer(model, engine, task, config=cfg, logdir=args.logdir,
-                          experiment=args.experiment, overwrite=args.overwrite)
+        engine, task, model, cfg, meta = build_from_args(args, args.trainer)
+        trainer = Trainer(model, engine, task, config=cfg, logdir=args.logdir, experiment=args.experiment,
+                          run_name=args.run_name, overwrite=args.overwrite, meta=meta)
         report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume)
         print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
 
@@ -185,12 +187,15 @@ def compare_main(argv=None) -> int:
         if not seeds:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
-            _, _, probe, _ = build_from_args(args, "backprop", seeds[0])
+            _, _, probe, _, _ = build_from_args(args, "backprop", seeds[0])
             names = [t for t in available() if compatible(t, probe)]
         else:
             names = [t.strip() for t in args.trainers.split(",") if t.strip()]
         experiment = args.experiment
+        if args.run_name is not None and len(names) != 1:
+            raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
         out = run_comparison(lambda t, s: build_from_args(args, t, s), names, seeds, logdir=args.logdir,
+                             run_name=args.run_name,
                              experiment=experiment, epochs=None if args.steps else args.epochs,
                              steps=args.steps, resume=args.resume, overwrite=True)
         print(out["table"])

@@ -5,6 +5,7 @@ then ``summary.md`` (a Markdown table, mean +- std over seeds) and
 ``comparison.png`` beside them.
 """
 
+import json
 import statistics
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from trainers.plots import plot_comparison
 from trainers.registry import engine_class
 from trainers.trainer import Trainer
 
-__all__ = ["run_comparison", "summary_table", "compatible"]
+__all__ = ["run_comparison", "summary_table", "compatible", "collect_results", "pivot_table"]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -42,21 +43,22 @@ def summary_table(results: dict[str, list[dict]], metric: str) -> str:
 
 
 def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
-                   epochs=None, steps=None, resume=False, overwrite=True) -> dict:
+                   epochs=None, steps=None, resume=False, overwrite=True, run_name=None) -> dict:
     """Run every (trainer, seed) and write the summary table and figure.
 
-    ``build(trainer, seed) -> (engine, task, model, config)`` makes a fresh,
-    seeded setup; all setups are built and checked before any run starts,
-    so a bad trainer/model pair leaves nothing behind.
+    ``build(trainer, seed) -> (engine, task, model, config, meta)`` makes a
+    fresh, seeded setup; all setups are built and checked before any run
+    starts, so a bad trainer/model pair leaves nothing behind.
     """
     setups = {(t, s): build(t, s) for t in trainers for s in seeds}
     trainer_objs = {key: Trainer(model, engine, task, config=cfg, logdir=logdir, experiment=experiment,
-                                 overwrite=overwrite)
-                    for key, (engine, task, model, cfg) in setups.items()}
-    results: dict[str, list[dict]] = {t: [] for t in trainers}
+                                 run_name=run_name, overwrite=overwrite, meta=meta)
+                    for key, (engine, task, model, cfg, meta) in setups.items()}
+    results: dict[str, list[dict]] = {}
     for (t, s), trainer in trainer_objs.items():
         report = trainer.fit(epochs=epochs, steps=steps, resume=resume)
-        results[t].append({"seed": s, "report": report, "history": trainer.history, "step_times": trainer.step_times})
+        results.setdefault(trainer.run_name, []).append(
+            {"seed": s, "report": report, "history": trainer.history, "step_times": trainer.step_times})
     task = next(iter(setups.values()))[1]
     metric = task.metric_name
     out_dir = Path(logdir) / experiment
@@ -76,3 +78,33 @@ def compatible(trainer: str, model) -> bool:
     except IncompatibleModelError:
         return False
     return True
+
+
+def collect_results(root) -> list[dict]:
+    """Every ``result.json`` below ``root``, with its experiment path relative to ``root``."""
+    root = Path(root)
+    rows = []
+    for path in sorted(root.rglob("result.json")):
+        record = json.loads(path.read_text())
+        run_dir = path.parent  # <root>/<experiment...>/<run>/seed<k>
+        record["experiment"] = str(run_dir.parent.parent.relative_to(root)) or "."
+        rows.append(record)
+    return rows
+
+
+def pivot_table(rows: list[dict], *, value: str = "test", columns: list[str] | None = None) -> str:
+    """Markdown: one row per experiment, one column per run name, cells mean ± std (n seeds)
+    of the ``value`` split's metric (``test`` of the best validation model, or ``best_val``)."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        cells.setdefault((r["experiment"], r["run"]), []).append(r[value][r["metric"]])
+    experiments = list(dict.fromkeys(r["experiment"] for r in rows))
+    runs = columns or list(dict.fromkeys(r["run"] for r in rows))
+    lines = ["| experiment | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    for exp in experiments:
+        row = []
+        for run in runs:
+            values = cells.get((exp, run))
+            row.append(f"{_mean_std(values)} ({len(values)})" if values else "")
+        lines.append(f"| {exp} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

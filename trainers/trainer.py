@@ -78,11 +78,14 @@ class Trainer:
         config: a ``TrainConfig``; keyword ``overrides`` replace its fields.
         logdir: root of the TensorBoard runs; None logs nothing and checkpoints nothing.
         experiment: name of the experiment folder under ``logdir``.
+        run_name: folder of this run under the experiment (default: the trainer's name).
+        meta: how the model was built (name and options), kept in ``result.json`` and hparams.
         overwrite: start afresh in a run directory that already holds a run.
     """
 
     def __init__(self, model, engine: GradientEngine, task, *, config: TrainConfig | None = None,
-                 logdir=None, experiment: str = "default", overwrite: bool = False, **overrides):
+                 logdir=None, experiment: str = "default", run_name: str | None = None,
+                 overwrite: bool = False, meta: dict | None = None, **overrides):
         cfg = config or TrainConfig()
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})
@@ -93,7 +96,9 @@ class Trainer:
         self.model = model.to(device=self.device, dtype=self.dtype)
         check_task_model(self.model, task, self.device, self.dtype)
         self.engine, self.task = engine, task
-        self.run_dir = run_directory(logdir, experiment, engine.name, cfg.seed) if logdir is not None else None
+        self.run_name = run_name or engine.name
+        self.run_dir = run_directory(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
+        self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
         self.overwrite = overwrite
         self.params = [p for _, p in trainable_parameters(model)]
         methods = {orthogonal_method(m) for m in model.modules()} - {None}
@@ -255,12 +260,15 @@ class Trainer:
             logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
             logger.log_hparams(
                 {**self.engine.hparams(), **{k: v for k, v in as_dict(cfg).items() if k != "progress"},
-                 "task": self.task.name, "model": type(self.model).__name__},
+                 "task": self.task.name, "run": self.run_name, **{f"model.{k}": v for k, v in self.meta.items()}},
                 {f"best_val_{k}": v for k, v in report["best_val"].items()}
                 | {f"test_{k}": v for k, v in report["test"].items()},
             )
             logger.close()
-            write_text_atomic(self.run_dir / "result.json", json.dumps(report, indent=2) + "\n")
+            record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
+                      "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(cfg),
+                      "model": self.meta}
+            write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
         return report
 
     def _train_step(self, x, y, ckpt) -> tuple[float, float, float]:

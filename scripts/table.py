@@ -1,0 +1,25 @@
+#!/usr/bin/env python
+"""Gather the result.json files of many runs into one Markdown table.
+
+    python scripts/table.py runs/foton-digits                 # test metric of the best-val model
+    python scripts/table.py runs/foton-digits --value best_val --columns backprop,foton
+
+Rows are experiment folders, columns run names, cells mean ± std over seeds (count).
+"""
+
+import argparse
+import sys
+
+from trainers.compare import collect_results, pivot_table
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("root")
+    parser.add_argument("--value", choices=["test", "best_val", "final_val"], default="test")
+    parser.add_argument("--columns", default=None, help="comma list of run names, in order")
+    args = parser.parse_args()
+    rows = collect_results(args.root)
+    if not rows:
+        print(f"error: no result.json below {args.root}", file=sys.stderr)
+        sys.exit(2)
+    print(pivot_table(rows, value=args.value, columns=args.columns.split(",") if args.columns else None), end="")

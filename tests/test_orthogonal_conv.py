@@ -1,0 +1,429 @@
+"""Tests of models/orthogonal_conv.py and models/cnn.py: orthogonal convolutions,
+their adjoints, and the orthogonal CNN layer stacks (ortho_lenet, ortho_convnet)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import models
+import tasks
+import trainers
+from models.cnn import OrthoConvNet, OrthoLeNet, infer_image_shape
+from models.errors import ModelConfigError
+from models.orthogonal import orthogonal_method, orthogonality_error
+from models.orthogonal_conv import FlattenLinear, OrthoConvBlock, OrthogonalConv2d, SpaceToDepth
+from trainers.engines.backprop import Backprop
+from trainers.protocols import LayerStack
+
+TOL64 = 1e-12
+TOL32 = 1e-5
+
+# (C_in, C_out, k, H, W): square channels (several kernels, H != W, odd sizes,
+# kernel larger than the image) and narrowing channels (rows orthonormal)
+SQUARE = [(4, 4, 3, 4, 4), (3, 3, 1, 5, 7), (2, 2, 5, 3, 3), (6, 6, 3, 6, 4), (1, 1, 3, 8, 8)]
+NARROW = [(6, 3, 3, 5, 6), (8, 5, 1, 4, 7), (16, 4, 3, 2, 2), (4, 1, 2, 3, 4)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: on a shared, busy CPU oversubscribed intra-op threads slow
+    these tests down by 10-100x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _conv(ci, co, k, h, w, dtype=torch.float64, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return OrthogonalConv2d(ci, co, k, (h, w), **kwargs).to(dtype)
+
+
+def _linear_part(layer, x):
+    """A x without bias (the bias is layer(0))."""
+    return layer(x) - layer(torch.zeros_like(x))
+
+
+def _dense(layer, in_shape, dtype=torch.float64):
+    """The matrix (d_out, d_in) of the linear part of ``layer`` from the basis vectors."""
+    n = math.prod(in_shape)
+    basis = torch.eye(n, dtype=dtype).reshape(n, *in_shape)
+    with torch.no_grad():
+        return _linear_part(layer, basis).reshape(n, -1).T
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _randn(*shape, dtype=torch.float64, seed=1):
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------- #
+# OrthogonalConv2d: orthogonality
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("ci, co, k, h, w", SQUARE)
+def test_square_conv_preserves_norm_float64(ci, co, k, h, w):
+    conv = _conv(ci, co, k, h, w, bias=False)
+    x = _randn(5, ci, h, w)
+    with torch.no_grad():
+        y = conv(x)
+    assert y.shape == (5, co, h, w)
+    # per sample: ||W x|| = ||x||, and also W^T W x = x (orthogonal, invertible)
+    assert torch.allclose(y.flatten(1).norm(dim=1), x.flatten(1).norm(dim=1), rtol=TOL64, atol=0)
+    assert _rel(conv.adjoint(y), x) < TOL64
+    assert conv.orthogonality_error() < TOL64
+
+
+@pytest.mark.parametrize("ci, co, k, h, w", SQUARE[:2] + NARROW)
+def test_dense_gram_is_identity_float64(ci, co, k, h, w):
+    A = _dense(_conv(ci, co, k, h, w), (ci, h, w))  # bias removed by _dense
+    assert A.shape == (co * h * w, ci * h * w)
+    eye = torch.eye(A.shape[0], dtype=A.dtype)
+    assert (A @ A.T - eye).abs().max().item() < TOL64
+
+
+@pytest.mark.parametrize("ci, co, k, h, w", NARROW)
+def test_narrowing_conv_rows_orthonormal(ci, co, k, h, w):
+    conv = _conv(ci, co, k, h, w)
+    v = _randn(4, co, h, w)
+    with torch.no_grad():
+        u = conv.adjoint(v)  # W^T v
+        back = _linear_part(conv, u)  # W W^T v
+    assert u.shape == (4, ci, h, w)
+    assert torch.allclose(u.flatten(1).norm(dim=1), v.flatten(1).norm(dim=1), rtol=TOL64, atol=0)
+    assert _rel(back, v) < TOL64
+    # and it does lose information in the other direction (not an isometry on inputs)
+    x = _randn(4, ci, h, w, seed=2)
+    assert (_linear_part(conv, x).flatten(1).norm(dim=1) < x.flatten(1).norm(dim=1) * (1 - 1e-6)).all()
+
+
+def test_float32_orthogonality():
+    conv = _conv(6, 4, 3, 6, 5, dtype=torch.float32)
+    assert conv.orthogonality_error() < TOL32
+    A = _dense(conv, (6, 6, 5), dtype=torch.float32).double()
+    assert (A @ A.T - torch.eye(A.shape[0], dtype=A.dtype)).abs().max().item() < TOL32
+
+
+def test_zero_kernel_is_identity_on_first_channels():
+    conv = _conv(5, 3, 3, 4, 4, init_scale=0.0, bias=False)
+    x = _randn(2, 5, 4, 4)
+    with torch.no_grad():
+        assert _rel(conv(x), x[:, :3]) < TOL64
+
+
+def test_is_a_circular_convolution():
+    """Translation equivariance: rolling the input rolls the output (bias included)."""
+    conv = _conv(3, 2, 3, 5, 6)
+    with torch.no_grad():
+        conv.bias.normal_()
+        x = _randn(2, 3, 5, 6)
+        shifted = conv(torch.roll(x, shifts=(2, -1), dims=(2, 3)))
+        assert _rel(shifted, torch.roll(conv(x), shifts=(2, -1), dims=(2, 3))) < TOL64
+
+
+def test_small_kernel_is_local():
+    """A 1x1 kernel gives a per-pixel channel map: output pixel depends on that input pixel only."""
+    conv = _conv(4, 4, 1, 5, 5, bias=False)
+    x = torch.zeros(1, 4, 5, 5, dtype=torch.float64)
+    x[0, :, 2, 3] = _randn(4)
+    with torch.no_grad():
+        y = conv(x)
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[2, 3] = False
+    assert y[0][:, mask].abs().max().item() < TOL64
+    assert y[0, :, 2, 3].norm() > 0.1
+
+
+# --------------------------------------------------------------------------- #
+# Adjoints: <A x, v> = <x, A^T v>, and A^T v = autograd VJP
+# --------------------------------------------------------------------------- #
+def _layers(dtype):
+    torch.manual_seed(0)
+    cases = {
+        "conv_square": (OrthogonalConv2d(4, 4, 3, (4, 5)), (4, 4, 5)),
+        "conv_narrow": (OrthogonalConv2d(6, 2, 3, (3, 4)), (6, 3, 4)),
+        "space_to_depth": (SpaceToDepth(2, (3, 4, 6)), (3, 4, 6)),
+        "space_to_depth_free": (SpaceToDepth(2), (2, 6, 2)),
+        "flatten_linear": (FlattenLinear((2, 3, 4), 7), (2, 3, 4)),
+        "flatten_linear_expm": (FlattenLinear((2, 3, 4), 7, orthogonal="expm"), (2, 3, 4)),
+        "flatten_linear_bjorck": (FlattenLinear((4, 2, 2), 5, bias=False, orthogonal="bjorck"), (4, 2, 2)),
+        "block": (OrthoConvBlock((2, 4, 8), 6, 3, downsample=1), (2, 4, 8)),
+        "block_two_steps": (OrthoConvBlock((1, 8, 4), 16, 3, downsample=2), (1, 8, 4)),
+    }
+    return {name: (layer.to(dtype), shape) for name, (layer, shape) in cases.items()}
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, TOL64), (torch.float32, TOL32)])
+def test_adjoint_identity(dtype, tol):
+    for name, (layer, in_shape) in _layers(dtype).items():
+        x = _randn(3, *in_shape, dtype=dtype)
+        with torch.no_grad():
+            Ax = _linear_part(layer, x)
+            v = _randn(*Ax.shape, dtype=dtype, seed=2)
+            ATv = layer.adjoint(v)
+        assert ATv.shape == x.shape, name
+        lhs, rhs = (Ax * v).sum().item(), (x * ATv).sum().item()
+        scale = (Ax.norm() * v.norm()).item()
+        assert abs(lhs - rhs) <= tol * scale, (name, lhs, rhs)
+
+
+def test_adjoint_equals_autograd_vjp():
+    for name, (layer, in_shape) in _layers(torch.float64).items():
+        x = _randn(3, *in_shape).requires_grad_(True)
+        y = layer(x)
+        v = _randn(*y.shape, seed=3)
+        (vjp,) = torch.autograd.grad((y * v).sum(), x)
+        assert _rel(layer.adjoint(v), vjp) < TOL64, name
+
+
+def test_adjoint_of_block_is_reverse_composition():
+    torch.manual_seed(0)
+    block = OrthoConvBlock((1, 8, 8), 4, 3, downsample=1).double()
+    v = _randn(2, 4, 4, 4)
+    expected = F.pixel_shuffle(block.conv.adjoint(v), 2)
+    assert torch.equal(block.adjoint(v), expected)
+    assert block.out_shape == (4, 4, 4) and block.out_features == 64
+
+
+def test_space_to_depth_is_a_permutation():
+    s = SpaceToDepth(2, (2, 4, 6))
+    A = _dense(s, (2, 4, 6))
+    assert torch.equal(A @ A.T, torch.eye(48, dtype=A.dtype))
+    assert set(A.flatten().tolist()) == {0.0, 1.0}
+    x = _randn(2, 2, 4, 6)
+    assert torch.equal(s.adjoint(s(x)), x)
+
+
+def test_flatten_linear_wraps_a_linear():
+    layer = FlattenLinear((2, 3, 4), 8, orthogonal="cayley")
+    assert isinstance(layer.linear, nn.Linear) and orthogonal_method(layer.linear) == "cayley"
+    assert orthogonality_error(layer) < TOL32
+    x = _randn(3, 2, 3, 4, dtype=torch.float32)
+    assert torch.equal(layer(x), layer(x.flatten(1)))  # flat or shaped input
+    v = _randn(3, 8, dtype=torch.float32)
+    assert torch.allclose(layer.adjoint(v), (v @ layer.linear.weight).reshape(3, 2, 3, 4))
+
+
+# --------------------------------------------------------------------------- #
+# Training the conv parameters
+# --------------------------------------------------------------------------- #
+def test_gradients_flow_and_step_keeps_orthogonality():
+    conv = _conv(4, 3, 3, 4, 4)
+    opt = torch.optim.Adam(conv.parameters(), lr=0.1)
+    x = _randn(8, 4, 4, 4)
+    target = _randn(8, 3, 4, 4, seed=5)
+    before = conv.weight.detach().clone()
+    losses = []
+    for _ in range(5):
+        loss = (conv(x) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+        assert torch.isfinite(conv.weight.grad).all() and conv.bias.grad.abs().sum() > 0
+        opt.step()
+        losses.append(loss.item())
+    assert (conv.weight - before).abs().max() > 1e-2  # it moved
+    assert losses[-1] < losses[0]
+    A = _dense(conv, (4, 4, 4))
+    assert (A @ A.T - torch.eye(A.shape[0], dtype=A.dtype)).abs().max().item() < TOL64
+
+
+def test_bad_conv_options():
+    with pytest.raises(ModelConfigError, match="out_channels <= in_channels"):
+        OrthogonalConv2d(2, 3, 3, (4, 4))
+    with pytest.raises(ModelConfigError):
+        OrthogonalConv2d(2, 2, 0, (4, 4))
+    with pytest.raises(ModelConfigError):
+        OrthogonalConv2d(2, 2, 3, (4,))
+    with pytest.raises(ModelConfigError, match="divisible"):
+        SpaceToDepth(2, (1, 5, 4))
+    with pytest.raises(ModelConfigError, match="out_channels <= in_channels"):
+        OrthoConvBlock((1, 4, 4), 5, downsample=1)
+    with pytest.raises(ValueError):
+        _conv(2, 2, 3, 4, 4)(torch.zeros(1, 2, 4, 5, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- #
+# The CNN layer stacks
+# --------------------------------------------------------------------------- #
+MODELS = {
+    "ortho_lenet": dict(),
+    "ortho_convnet": dict(depth=3),
+}
+
+
+def _model(name, dtype=torch.float32, seed=0, **options):
+    torch.manual_seed(seed)
+    return models.build(name, in_features=64, out_features=10, **{**MODELS[name], **options}).to(dtype)
+
+
+def test_registered():
+    assert {"ortho_lenet", "ortho_convnet"} <= set(models.available())
+    assert isinstance(_model("ortho_lenet"), OrthoLeNet)
+    assert isinstance(_model("ortho_convnet"), OrthoConvNet)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_shapes_and_protocol(name):
+    model = _model(name)
+    assert isinstance(model, LayerStack)
+    assert len(model.dropouts) == len(model.layers) - 1
+    x = _randn(5, 64, dtype=torch.float32)
+    h0 = model.input_features(x)
+    assert h0.shape == (5, 1, 8, 8) and torch.equal(h0.flatten(1), x)
+    assert torch.equal(model.input_features(x.reshape(5, 1, 8, 8)), h0)
+    y = model(x)
+    assert y.shape == (5, 10)
+    assert torch.equal(model(x.reshape(5, 1, 8, 8)), y)
+    # the layer-stack equations, written out
+    h = h0
+    for layer, dropout in zip(model.layers[:-1], model.dropouts):
+        h = model.act(dropout(layer(h)))
+    assert torch.equal(model.layers[-1](h), y)
+    widths = model.widths
+    assert widths[0] == 64 and widths[-1] == 10
+    assert all(b <= a for a, b in zip(widths[:-2], widths[1:-1])), widths
+
+
+def test_lenet_architecture_on_digits():
+    model = _model("ortho_lenet")
+    assert model.shapes == [(1, 8, 8), (4, 4, 4), (16, 2, 2), (32,), (10,)]
+    assert isinstance(model.layers[0], OrthoConvBlock) and isinstance(model.layers[2], FlattenLinear)
+    assert orthogonal_method(model.layers[2].linear) == "expm"
+    assert all(isinstance(layer, FlattenLinear) for layer in model.layers[2:])
+    assert orthogonal_method(model.layers[-1].linear) is None  # output layer free
+    wide = _model("ortho_lenet", channels=[3, 8], width=[24, 16])
+    assert wide.shapes == [(1, 8, 8), (3, 4, 4), (8, 2, 2), (24,), (16,), (10,)]
+    assert _model("ortho_convnet", depth=2, channels=3).shapes == [(1, 8, 8), (3, 4, 4), (3, 4, 4), (10,)]
+
+
+@pytest.mark.parametrize("name, options", [
+    ("ortho_lenet", dict()),
+    ("ortho_lenet", dict(channels=[3, 8], width=[24, 16], kernel_size=2)),
+    ("ortho_lenet", dict(width=[24, 16], orthogonal="bjorck")),
+    ("ortho_lenet", dict(orthogonal="cayley")),
+    ("ortho_convnet", dict()),
+    ("ortho_convnet", dict(channels=2, space_to_depth=1, kernel_size=5)),
+])
+def test_hidden_layers_orthogonal(name, options):
+    model = _model(name, dtype=torch.float64, **options)
+    shapes = model.shapes
+    for i, layer in enumerate(model.layers[:-1]):
+        A = _dense(layer, shapes[i])
+        assert A.shape[0] <= A.shape[1]
+        gram_err = (A @ A.T - torch.eye(A.shape[0], dtype=A.dtype)).abs().max().item()
+        assert gram_err < TOL64, (i, gram_err)
+
+
+def test_double_reprojects_dense_layers_in_place():
+    """Built in float32 (orthogonal to ~1e-7), converted with .double(): the dense
+    orthogonal weights are projected again in float64, same Parameter objects."""
+    model = _model("ortho_lenet", width=[24, 16])
+    params = {name: id(p) for name, p in model.named_parameters()}
+    assert orthogonality_error(model) > 1e-13  # float32 rounding
+    model.double()
+    assert {name: id(p) for name, p in model.named_parameters()} == params
+    assert orthogonality_error(model) < TOL64
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+
+
+def test_hidden_stack_gives_exact_foton_signal():
+    """The identity FOTON needs (paper section 5): with identity activations and
+    row-orthonormal hidden maps, h_l - h~_l = delta_l (the backpropagated error)
+    for x~ = x - A_1^T .. A_L^T e, in float64 to 1e-10."""
+    model = _model("ortho_lenet", dtype=torch.float64, activation="identity", channels=[3, 10], width=24)
+    with torch.no_grad():  # an arbitrary output layer
+        model.layers[-1].linear.weight.mul_(3.0)
+    x = _randn(6, 64)
+    labels = torch.arange(6) % 10
+    h0 = model.input_features(x)
+    hs = [h0.requires_grad_(True)]
+    for layer in model.layers[:-1]:
+        hs.append(layer(hs[-1]))
+    y = model.layers[-1](hs[-1])
+    e = torch.softmax(y, 1) - F.one_hot(labels, 10).double()  # B * dCE/dy
+    deltas = torch.autograd.grad(F.cross_entropy(y, labels, reduction="sum"), hs)
+    with torch.no_grad():
+        v = e
+        for layer in reversed(model.layers):
+            v = layer.adjoint(v)
+        h_mod = h0 - v
+        for l, layer in enumerate(model.layers[:-1], start=1):
+            h_mod = layer(h_mod)
+            assert _rel(hs[l] - h_mod, deltas[l]) < 1e-10, l
+
+
+def test_bad_model_options():
+    with pytest.raises(ModelConfigError, match="square"):
+        models.build("ortho_lenet", in_features=50, out_features=10)
+    with pytest.raises(ModelConfigError, match="in_shape"):
+        models.build("ortho_convnet", in_features=64, out_features=10, in_shape=(1, 4, 8, 2))
+    with pytest.raises(ModelConfigError, match="features"):
+        models.build("ortho_lenet", in_features=64, out_features=10, in_shape=(1, 8, 4))
+    with pytest.raises(ModelConfigError, match="C_out > C_in"):
+        models.build("ortho_lenet", in_features=64, out_features=10, channels=[5, 16])
+    with pytest.raises(ModelConfigError, match="C_out > C_in"):
+        models.build("ortho_lenet", in_features=64, out_features=10, channels=[4, 17])
+    with pytest.raises(ModelConfigError, match="C_out > C_in"):
+        models.build("ortho_convnet", in_features=64, out_features=10, channels=5)
+    with pytest.raises(ModelConfigError, match="non-increasing"):
+        models.build("ortho_lenet", in_features=64, out_features=10, width=65)
+    with pytest.raises(ModelConfigError, match="non-increasing"):
+        models.build("ortho_lenet", in_features=64, out_features=10, width=[16, 32])
+    with pytest.raises(ModelConfigError, match="divisible"):
+        models.build("ortho_lenet", in_features=36, out_features=10)  # 6 -> 3 -> not even
+    with pytest.raises(ModelConfigError, match="unknown orthogonal method"):
+        models.build("ortho_convnet", in_features=64, out_features=10, orthogonal="qr")
+    with pytest.raises(ModelConfigError, match="activation"):
+        models.build("ortho_convnet", in_features=64, out_features=10, activation="swish")
+    with pytest.raises(ModelConfigError, match="depth"):
+        models.build("ortho_convnet", in_features=64, out_features=10, depth=0)
+    with pytest.raises(ModelConfigError, match="no option"):
+        models.build("ortho_convnet", in_features=64, out_features=10, width=8)
+
+
+def test_infer_image_shape():
+    assert infer_image_shape(64) == (1, 8, 8)
+    assert infer_image_shape(784) == (1, 28, 28)
+    assert infer_image_shape(3072) == (3, 32, 32)
+    assert infer_image_shape(48, (3, 4, 4)) == (3, 4, 4)
+    with pytest.raises(ModelConfigError):
+        infer_image_shape(10)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_short_training_lowers_loss(name):
+    model = _model(name, dropout=0.1)
+    x = _randn(32, 64, dtype=torch.float32)
+    labels = torch.arange(32) % 10
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = F.cross_entropy(model(x), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    model.eval()
+    for layer in model.layers[:-1]:  # still orthogonal after training
+        if isinstance(layer, OrthoConvBlock):
+            assert layer.orthogonality_error() < TOL32
+    assert orthogonality_error(model) < TOL32
+
+
+def test_trainer_with_backprop():
+    task = tasks.build("teacher", in_features=16, num_classes=4, n_train=128, n_val=32, n_test=32, hidden=16)
+    torch.manual_seed(0)
+    model = models.build("ortho_lenet", in_features=16, out_features=4, width=8)
+    assert model.shapes == [(1, 4, 4), (4, 2, 2), (16, 1, 1), (8,), (4,)]
+    trainer = trainers.Trainer(model, Backprop(), task, batch_size=32, progress=False, seed=0,
+                               optimizer="adam", lr=1e-2)
+    first = trainer.evaluate("train")["loss"]
+    trainer.fit(steps=20)
+    assert trainer.evaluate("train")["loss"] < first
