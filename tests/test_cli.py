@@ -147,6 +147,8 @@ def test_run_name_and_results_table(tmp_path, capsys):
     assert compare_main([*common, "--trainers", "backprop"]) == 0
     assert compare_main([*common, "--trainers", "backprop", "--run-name", "bp-plain", "--width", "8"]) == 0
     assert compare_main([*common, "--trainers", "backprop,backprop", "--run-name", "x"]) == 2
+    summary = (tmp_path / "exp" / "d2" / "summary.md").read_text()  # covers both calls' runs
+    assert "| backprop | 2 |" in summary and "| bp-plain | 2 |" in summary
     rows = collect_results(tmp_path)
     assert {(r["experiment"], r["run"]) for r in rows} == {("exp/d2", "backprop"), ("exp/d2", "bp-plain")}
     assert [r["model"]["width"] for r in rows if r["run"] == "bp-plain"] == [8, 8]

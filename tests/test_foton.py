@@ -231,3 +231,27 @@ def test_trains_digits_and_keeps_weights_orthogonal():
     assert errors and max(errors) < 1e-5
     cos = [r["grad/cosine/layers.3.weight"] for r in trainer.history if "grad/cosine/layers.3.weight" in r]
     assert cos and min(cos) > 1 - 1e-4  # the output layer is always exact
+
+
+@pytest.mark.parametrize("name, options", [("ortho_lenet", {}), ("ortho_lenet", {"orthogonal": "bjorck"}),
+                                           ("ortho_convnet", {"depth": 3})])
+@pytest.mark.parametrize("mode", ["difference", "lowmem"])
+def test_orthogonal_cnn_with_identity_activations_equals_backprop(name, options, mode):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = models.build(name, in_features=64, out_features=10, activation="identity", **options)
+    finally:
+        torch.set_default_dtype(previous)
+    x, y = batch(d0=64, classes=10, n=16)
+    got, ref = grads(Foton(mode=mode), model, x, y), grads(Backprop(), model, x, y)
+    for key in ref:
+        torch.testing.assert_close(got[key], ref[key], rtol=1e-10, atol=1e-12, msg=key)
+
+
+def test_dense_feedback_is_refused_for_convolutions():
+    model = models.build("ortho_convnet", in_features=64, out_features=10, depth=2)
+    x, y = batch(torch.float32, d0=64, classes=10, n=4)
+    with pytest.raises(trainers.IncompatibleModelError, match="adjoint"):
+        Foton(feedback="dense").compute_grads(model, x, y, cross_entropy_loss)

@@ -10,11 +10,12 @@ import statistics
 from pathlib import Path
 
 from trainers.errors import IncompatibleModelError
+from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
 from trainers.registry import engine_class
 from trainers.trainer import Trainer
 
-__all__ = ["run_comparison", "summary_table", "compatible", "collect_results", "pivot_table"]
+__all__ = ["run_comparison", "summary_table", "experiment_runs", "compatible", "collect_results", "pivot_table"]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -24,27 +25,40 @@ def _mean_std(values: list[float]) -> str:
 
 
 def summary_table(results: dict[str, list[dict]], metric: str) -> str:
-    """Markdown table: one row per trainer over its seeds."""
+    """Markdown table: one row per run name over its seeds.
+
+    ``results[run]`` lists, per seed, ``{"report": result.json, "history": metrics.jsonl records}``.
+    """
     lines = [
-        f"| trainer | seeds | best val {metric} | test {metric} (best val model) | final train loss | median step ms | mean grad cosine |",
+        f"| run | seeds | best val {metric} | test {metric} (best val model) | final train loss | median step ms | mean grad cosine |",
         "|---|---|---|---|---|---|---|",
     ]
-    for trainer, runs in results.items():
-        val = [r["report"]["best_val"][metric] for r in runs]
-        test = [r["report"]["test"][metric] for r in runs]
-        losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h][-1] for r in runs]
-        step_ms = [1e3 * statistics.median(r["step_times"]) for r in runs]
-        cos = [h["grad/cosine_global"] for r in runs for h in r["history"] if "grad/cosine_global" in h]
+    for run, seeds in results.items():
+        val = [r["report"]["best_val"][metric] for r in seeds]
+        test = [r["report"]["test"][metric] for r in seeds]
+        losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h][-1] for r in seeds]
+        step_ms = [h["time/step_ms"] for r in seeds for h in r["history"] if "time/step_ms" in h]
+        cos = [h["grad/cosine_global"] for r in seeds for h in r["history"] if "grad/cosine_global" in h]
         lines.append(
-            f"| {trainer} | {len(runs)} | {_mean_std(val)} | {_mean_std(test)} | {_mean_std(losses)} "
+            f"| {run} | {len(seeds)} | {_mean_std(val)} | {_mean_std(test)} | {_mean_std(losses)} "
             f"| {statistics.median(step_ms):.2f} | {f'{statistics.mean(cos):.4f}' if cos else 'n/a'} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def experiment_runs(out_dir) -> dict[str, list[dict]]:
+    """Every finished run below one experiment folder: run name -> per-seed report and history."""
+    runs: dict[str, list[dict]] = {}
+    for result in sorted(Path(out_dir).glob("*/seed*/result.json")):
+        runs.setdefault(result.parent.parent.name, []).append(
+            {"report": json.loads(result.read_text()), "history": read_metrics(result.parent)})
+    return runs
+
+
 def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
                    epochs=None, steps=None, resume=False, overwrite=True, run_name=None) -> dict:
-    """Run every (trainer, seed) and write the summary table and figure.
+    """Run every (trainer, seed), then write the summary table and figure of the
+    whole experiment folder (runs added by earlier calls included).
 
     ``build(trainer, seed) -> (engine, task, model, config, meta)`` makes a
     fresh, seeded setup; all setups are built and checked before any run
@@ -54,19 +68,15 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     trainer_objs = {key: Trainer(model, engine, task, config=cfg, logdir=logdir, experiment=experiment,
                                  run_name=run_name, overwrite=overwrite, meta=meta)
                     for key, (engine, task, model, cfg, meta) in setups.items()}
-    results: dict[str, list[dict]] = {}
-    for (t, s), trainer in trainer_objs.items():
-        report = trainer.fit(epochs=epochs, steps=steps, resume=resume)
-        results.setdefault(trainer.run_name, []).append(
-            {"seed": s, "report": report, "history": trainer.history, "step_times": trainer.step_times})
+    for trainer in trainer_objs.values():
+        trainer.fit(epochs=epochs, steps=steps, resume=resume)
     task = next(iter(setups.values()))[1]
     metric = task.metric_name
     out_dir = Path(logdir) / experiment
+    results = experiment_runs(out_dir)
     table = summary_table(results, metric)
-    (out_dir / "summary.md").write_text(
-        f"# {experiment}: task {task.name}, seeds {', '.join(map(str, seeds))}\n\n{table}"
-    )
-    plot_comparison({t: [r["history"] for r in runs] for t, runs in results.items()}, metric,
+    (out_dir / "summary.md").write_text(f"# {experiment}: task {task.name}\n\n{table}")
+    plot_comparison({run: [r["history"] for r in seeds] for run, seeds in results.items()}, metric,
                     out_dir / "comparison.png")
     return {"results": results, "table": table, "dir": out_dir}
 
