@@ -13,9 +13,9 @@ Times are medians over all timed steps after warm-up. Peak memory: on CUDA,
 on the CPU, the peak of live tensor bytes over the call, from the torch
 profiler's per-op allocation records (op granularity, so approximate).
 Reported for the whole step (with optimizer and orthogonality upkeep) and for
-``compute_grads`` alone with the old grads freed; ``activation_mb`` is the
-latter minus the bytes of the gradients it writes (what grows with depth
-besides the weights themselves).
+``compute_grads`` alone with the old grads freed (``grads_peak_mb``, which
+includes the ``grad_bytes_mb`` of the gradients it writes: activations are
+the rest, and dominate when the batch is large against the width).
 """
 
 import ast
@@ -179,14 +179,13 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                 model.zero_grad(set_to_none=True)
                 grads_mem = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, F.cross_entropy), device)
                 grad_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-                act = grads_mem - grad_mb
                 if name == "backprop":
-                    base = (ms, act)
+                    base = (ms, grads_mem)
                 rows.append({"suite": "engines", "trainer": name, "depth": depth, "width": width,
                              "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}",
                              "step_ms": ms, "ratio_to_backprop": ms / base[0], "step_peak_mb": step_mem,
-                             "grads_peak_mb": grads_mem, "activation_mb": act,
-                             "activation_ratio_to_backprop": act / base[1] if base[1] > 0 else float("nan")})
+                             "grad_bytes_mb": grad_mb, "grads_peak_mb": grads_mem,
+                             "grads_peak_ratio_to_backprop": grads_mem / base[1]})
     return rows
 
 
