@@ -32,6 +32,7 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
+from torch.nn.functional import linear
 from torch.nn.utils import parametrize
 
 from models.orthogonal import orthogonal_method
@@ -142,7 +143,10 @@ class Foton(ModulatedForward):
             if self.options.mode == "jvp":
                 # (h_l, J_l F e) layer by layer: a forward-mode JVP along F e
                 for layer, dropout in zip(layers[:-1], model.dropouts):
-                    a, da = torch.func.jvp(layer, (h,), (direction,))
+                    if isinstance(layer, nn.Linear):  # linear map: the tangent is W t, no functorch call
+                        a, da = layer(h), linear(direction, layer.weight)
+                    else:
+                        a, da = torch.func.jvp(layer, (h,), (direction,))
                     with dropout.shared_mask():
                         z, dz = dropout(a), dropout(da)
                     h_next, direction = torch.func.jvp(model.act, (z,), (dz,))
