@@ -54,8 +54,8 @@ __all__ = ["Foton"]
 
 
 def _is_orthogonal(layer: nn.Module) -> bool:
-    linear = linear_part(layer)
-    return orthogonal_method(linear if linear is not None else layer) is not None or getattr(
+    inner = linear_part(layer)
+    return orthogonal_method(inner if inner is not None else layer) is not None or getattr(
         layer, "is_orthogonal", False)
 
 
