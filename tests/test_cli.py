@@ -155,3 +155,23 @@ def test_run_name_and_results_table(tmp_path, capsys):
     table = pivot_table(rows, columns=["backprop", "bp-plain"])
     assert table.splitlines()[0] == "| experiment | backprop | bp-plain |"
     assert table.splitlines()[2].startswith("| exp/d2 | ") and table.count("(2)") == 2
+
+
+def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):
+    import json
+
+    from trainers.cli import bench_main
+
+    out = tmp_path / "bench"
+    assert bench_main(["--suite", "engines", "--trainers", "backprop;foton;foton:mode=lowmem", "--depths", "2",
+                       "--widths", "8", "--batch-size", "4", "--steps", "20", "--warmup", "1",
+                       "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [r["trainer"] for r in rows] == ["backprop", "foton", "foton:mode=lowmem"]
+    assert rows[0]["ratio_to_backprop"] == 1.0 and all(r["step_ms"] > 0 and r["grads_peak_mb"] > 0 for r in rows)
+    assert "| backprop | 2 | 8 |" in (out / "bench.md").read_text()
+    assert bench_main(["--suite", "scan", "--lengths", "8", "--steps", "20", "--out", str(out)]) == 0
+    forms = [r["form"] for r in json.loads((out / "bench.json").read_text())["rows"]]
+    assert forms == ["sequential", "hillis_steele", "chunked", "fft", "authors_dense_loop"]
+    assert bench_main(["--suite", "engines", "--trainers", "nope", "--out", str(out)]) == 2
+    assert bench_main(["--steps", "5", "--out", str(out)]) == 2

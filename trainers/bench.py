@@ -35,10 +35,12 @@ import tasks
 from models.orthogonal import project_
 from trainers.engines.backprop import Backprop
 from trainers.registry import build_engine
+from trainers.scan import METHODS as SCAN_METHODS
+from trainers.scan import reverse_scan
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
-           "write_results", "engine_from_spec"]
+           "write_results", "engine_from_spec", "bench_scan"]
 
 
 def machine_description(device: torch.device) -> str:
@@ -186,6 +188,41 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                              "step_ms": ms, "ratio_to_backprop": ms / base[0], "step_peak_mb": step_mem,
                              "grad_bytes_mb": grad_mb, "grads_peak_mb": grads_mem,
                              "grads_peak_ratio_to_backprop": grads_mem / base[1]})
+    return rows
+
+
+def bench_scan(*, lengths, batch_size, width, repeats, device) -> list[dict]:
+    """The reverse scan g_t = e_t + a * g_{t+1} (DSF's A = diag(linspace(0, 1, d)))
+    in every form, against the DSF authors' loop with a dense (B, d) x (d, d) product per step."""
+    rows = []
+    a = torch.linspace(0, 1, width, device=device).reshape(1, 1, width)
+    dense = torch.diag(a.flatten())
+
+    def authors_loop(e):
+        g, out = torch.zeros_like(e[0]), torch.empty_like(e)
+        for t in range(e.shape[0] - 1, -1, -1):
+            g = e[t] + g @ dense
+            out[t] = g
+        return out
+
+    for T in lengths:
+        e = torch.randn(T, batch_size, width, device=device)
+        forms = {m: (lambda e, m=m: reverse_scan(e, a, method=m)) for m in SCAN_METHODS if m != "auto"}
+        forms["authors_dense_loop"] = authors_loop
+        times = {}
+        for name, fn in forms.items():
+            fn(e)
+            samples = []
+            for _ in range(repeats):
+                _sync(device)
+                t0 = time.perf_counter()
+                fn(e)
+                _sync(device)
+                samples.append(time.perf_counter() - t0)
+            times[name] = 1e3 * statistics.median(samples)
+        for name, ms in times.items():
+            rows.append({"suite": "scan", "form": name, "T": T, "batch_size": batch_size, "width": width,
+                         "ms": ms, "ratio_to_authors_loop": ms / times["authors_dense_loop"]})
     return rows
 
 

@@ -210,7 +210,8 @@ def bench_main(argv=None) -> int:
     from trainers import bench
 
     parser = argparse.ArgumentParser(description="Benchmark step time (median) and peak memory per trainer.")
-    parser.add_argument("--suite", choices=["overhead", "engines", "all"], default="all")
+    parser.add_argument("--suite", choices=["overhead", "engines", "scan", "all"], default="all")
+    parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (scan suite)")
     parser.add_argument("--trainers", default=";".join(available()),
                         help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite)")
     parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
@@ -243,6 +244,9 @@ def bench_main(argv=None) -> int:
                                         batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                                         device=device, orthogonal=None if args.orthogonal == "none" else args.orthogonal,
                                         orthogonal_iters=args.orthogonal_iters)
+        if args.suite in ("scan", "all"):
+            rows += bench.bench_scan(lengths=_int_list(args.lengths), batch_size=128, width=512,
+                                     repeats=max(3, args.steps // 10), device=device)
         command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
         print(bench.write_results(rows, args.out, bench.machine_description(device), command.strip()))
 
