@@ -175,3 +175,45 @@ def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):
     assert forms == ["sequential", "hillis_steele", "chunked", "fft", "authors_dense_loop"]
     assert bench_main(["--suite", "engines", "--trainers", "nope", "--out", str(out)]) == 2
     assert bench_main(["--steps", "5", "--out", str(out)]) == 2
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
+    """A real process killed with SIGKILL mid-run: its last checkpoint loads, and
+    --resume ends with the same metrics as a run that was never interrupted."""
+    import json
+    import signal
+    import time
+
+    import torch
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    flags = ["--task", "teacher", "--task-option", "n_train=2048", "--task-option", "in_features=64",
+             "--width", "256", "--depth", "4", "--batch-size", "128", "--steps", "1500", "--checkpoint-every", "25",
+             "--eval-every", "100", "--progress", "false", "--experiment", "e"]
+    script = [sys.executable, str(ROOT / "scripts" / "train.py"), *flags]
+    subprocess.run([*script, "--logdir", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+
+    run = tmp_path / "killed" / "e" / "backprop" / "seed0"
+    proc = subprocess.Popen([*script, "--logdir", str(tmp_path / "killed")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        ckpt = run / "checkpoint.pt"
+        if ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] >= 200:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = torch.load(run / "checkpoint.pt", weights_only=False)  # still a whole file
+    assert 200 <= state["step"] < 1500, "the run ended before it could be killed"
+    subprocess.run([*script, "--logdir", str(tmp_path / "killed"), "--resume"], check=True, env=env,
+                   capture_output=True)
+
+    def records(root):
+        lines = (root / "e" / "backprop" / "seed0" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "memory/"))}
+                for line in lines]
+
+    assert records(tmp_path / "killed") == records(tmp_path / "whole")
+    result = lambda root: json.loads((root / "e" / "backprop" / "seed0" / "result.json").read_text())["test"]  # noqa: E731
+    assert result(tmp_path / "killed") == result(tmp_path / "whole")
