@@ -18,7 +18,6 @@ includes the ``grad_bytes_mb`` of the gradients it writes: activations are
 the rest, and dominate when the batch is large against the width).
 """
 
-import ast
 import copy
 import json
 import platform
@@ -34,6 +33,7 @@ import models
 import tasks
 from models.orthogonal import project_
 from trainers.engines.backprop import Backprop
+from trainers.options import parse_key_values
 from trainers.registry import build_engine
 from trainers.scan import METHODS as SCAN_METHODS
 from trainers.scan import reverse_scan
@@ -229,14 +229,7 @@ def bench_scan(*, lengths, batch_size, width, repeats, device) -> list[dict]:
 def engine_from_spec(spec: str):
     """``"foton:mode=lowmem,temperature=2"`` -> ``build_engine("foton", mode="lowmem", temperature=2.0)``."""
     name, _, rest = spec.partition(":")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, _, text = item.partition("=")
-        try:
-            options[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            options[key] = text
-    return build_engine(name, **options)
+    return build_engine(name, **parse_key_values(filter(None, rest.split(",")), f"trainer spec {spec!r}"))
 
 
 def markdown_table(rows: list[dict]) -> str:

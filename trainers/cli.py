@@ -7,7 +7,6 @@ a NaN/Inf loss exits with code 1.
 """
 
 import argparse
-import ast
 import dataclasses
 import json
 import sys
@@ -20,7 +19,7 @@ import tasks
 from trainers.compare import compatible, run_comparison
 from trainers.config import TrainConfig
 from trainers.errors import USER_ERRORS, ConfigError, DataError, NonFiniteLossError
-from trainers.options import add_arguments, options_from_args, parse_options
+from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
 from trainers.trainer import Trainer
@@ -96,7 +95,7 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
     task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed,
-                       **_key_values(args.task_option))
+                       **parse_key_values(args.task_option, "--task-option"))
     model_options = {name[len("model_"):]: _model_value(name[len("model_"):], value)
                      for name, value in vars(args).items() if name.startswith("model_") and name != "model_"}
     model_options.setdefault("in_features", task.in_features)
@@ -104,20 +103,6 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
     return engine, task, model, cfg, {"name": args.model, **model_options}
-
-
-def _key_values(items: list[str]) -> dict:
-    """["n_train=4096", "flatten=False"] -> {"n_train": 4096, "flatten": False} (Python literals, else strings)."""
-    options = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--task-option expects KEY=VALUE, got {item!r}")
-        try:
-            options[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            options[key] = text
-    return options
 
 
 def run_cli(main) -> int:

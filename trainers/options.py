@@ -7,13 +7,14 @@ rejects unknown keys and wrong types with a one-line ``ConfigError``;
 """
 
 import argparse
+import ast
 import dataclasses
 import types
 import typing
 
 from trainers.errors import ConfigError
 
-__all__ = ["option", "parse_options", "add_arguments", "options_from_args", "as_dict"]
+__all__ = ["option", "parse_options", "add_arguments", "options_from_args", "as_dict", "parse_key_values"]
 
 
 def option(default, help: str, **kwargs):
@@ -117,3 +118,18 @@ def options_from_args(args: argparse.Namespace, cls, *, prefix: str = "") -> dic
 def as_dict(options) -> dict:
     """Options dataclass -> plain dict (for logs, hparams and checkpoints)."""
     return dataclasses.asdict(options)
+
+
+def parse_key_values(items, what: str) -> dict:
+    """["n_train=4096", "flatten=False"] -> {"n_train": 4096, "flatten": False}
+    (Python literals, else strings); ``what`` names the flag in the error."""
+    options = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key] = text
+    return options
