@@ -1,4 +1,11 @@
-"""The data containers every task returns: :class:`Split` and :class:`Task`."""
+"""The data containers every task returns: :class:`Split` and :class:`Task`.
+
+Classification tasks have ``(N,)`` class targets and per-sample outputs of shape
+``(num_outputs,)``; sequence tasks have ``(N, T)`` token targets and per-sample
+outputs ``output_shape``, e.g. ``(T, V)`` logits. Target positions equal to
+:data:`IGNORE_INDEX` are skipped by both :func:`sequence_cross_entropy` and
+:func:`accuracy`.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,21 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Split", "Task", "cross_entropy_loss", "accuracy"]
+__all__ = [
+    "Split",
+    "Task",
+    "cross_entropy_loss",
+    "sequence_cross_entropy",
+    "accuracy",
+    "IGNORE_INDEX",
+    "METRICS",
+]
+
+#: Target value of positions that neither the loss nor the accuracy count (PyTorch's default).
+IGNORE_INDEX = -100
+
+#: Metric names a :class:`Task` may have.
+METRICS = ("accuracy", "perplexity")
 
 
 def cross_entropy_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -20,26 +41,54 @@ def cross_entropy_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return F.cross_entropy(outputs, targets, reduction="mean")
 
 
+def sequence_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of ``(B, T, V)`` logits against ``(B, T)`` token targets.
+
+    The mean runs over every counted token (positions with target ``IGNORE_INDEX`` are
+    skipped); a module-level function so that a :class:`Task` pickles.
+    """
+    if outputs.dim() != 3 or targets.shape != outputs.shape[:2]:
+        raise ValueError(
+            f"sequence_cross_entropy needs outputs (B, T, V) and targets (B, T), got "
+            f"{tuple(outputs.shape)} and {tuple(targets.shape)}"
+        )
+    return F.cross_entropy(
+        outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="mean"
+    )
+
+
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Batch mean accuracy of ``(B, C)`` logits, as a 0-dim float tensor."""
-    return (outputs.argmax(dim=-1) == targets).to(torch.float32).mean()
+    """Mean accuracy of ``(B, C)`` logits vs ``(B,)`` labels, or ``(B, T, V)`` vs ``(B, T)`` (mean over tokens).
+
+    Positions whose target is ``IGNORE_INDEX`` are not counted; a 0-dim float tensor
+    (0 when nothing is counted).
+    """
+    counted = targets != IGNORE_INDEX
+    hits = (outputs.argmax(dim=-1) == targets) & counted
+    return hits.to(torch.float32).sum() / counted.sum().clamp_min(1).to(torch.float32)
 
 
 @dataclass
 class Split:
-    """One split of a data set: ``inputs`` ``(N, *input_shape)`` float32, ``targets`` ``(N,)`` int64."""
+    """One split of a data set.
+
+    ``inputs`` ``(N, *input_shape)``: float32 features or int64 token ids;
+    ``targets`` int64, ``(N,)`` class labels or ``(N, T)`` token targets.
+    """
 
     inputs: torch.Tensor
     targets: torch.Tensor
 
     def __post_init__(self) -> None:
-        if self.inputs.dtype != torch.float32:
-            raise ValueError(f"Split inputs must be float32, got {self.inputs.dtype}")
+        if self.inputs.dtype not in (torch.float32, torch.int64):
+            raise ValueError(
+                f"Split inputs must be float32 (features) or int64 (token ids), got {self.inputs.dtype}"
+            )
         if self.targets.dtype != torch.int64:
             raise ValueError(f"Split targets must be int64, got {self.targets.dtype}")
-        if self.targets.dim() != 1 or self.inputs.shape[0] != self.targets.shape[0]:
+        if self.inputs.dim() < 1 or self.targets.dim() not in (1, 2) or self.inputs.shape[0] != self.targets.shape[0]:
             raise ValueError(
-                f"Split needs inputs (N, ...) and targets (N,), got {tuple(self.inputs.shape)} "
+                f"Split needs inputs (N, ...) and targets (N,) or (N, T), got {tuple(self.inputs.shape)} "
                 f"and {tuple(self.targets.shape)}"
             )
 
@@ -49,7 +98,13 @@ class Split:
 
 @dataclass
 class Task:
-    """A classification task: three splits, the per-sample input shape, loss and metric."""
+    """A task: three splits, the per-sample input and output shapes, loss and metric.
+
+    ``output_shape`` is the per-sample model output shape (default ``(num_outputs,)``,
+    a classifier); sequence tasks give e.g. ``(T, V)``. ``metric_name`` is "accuracy"
+    or "perplexity" (``exp`` of the mean loss). ``vocab`` lists the token of each id
+    for text tasks (None otherwise).
+    """
 
     name: str
     train: Split
@@ -59,11 +114,17 @@ class Task:
     num_outputs: int
     metric_name: str = "accuracy"
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = field(default=cross_entropy_loss)
+    output_shape: tuple[int, ...] | None = None
+    vocab: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self.input_shape = tuple(int(d) for d in self.input_shape)
-        if self.metric_name != "accuracy":
-            raise ValueError(f"unsupported metric '{self.metric_name}'; only 'accuracy' exists")
+        if self.output_shape is not None:
+            self.output_shape = tuple(int(d) for d in self.output_shape)
+        if self.vocab is not None:
+            self.vocab = tuple(self.vocab)
+        if self.metric_name not in METRICS:
+            raise ValueError(f"unsupported metric '{self.metric_name}'; available: {', '.join(METRICS)}")
         for split_name in ("train", "val", "test"):
             split = getattr(self, split_name)
             if tuple(split.inputs.shape[1:]) != self.input_shape:
@@ -71,9 +132,25 @@ class Task:
                     f"task '{self.name}': {split_name} inputs have sample shape "
                     f"{tuple(split.inputs.shape[1:])}, expected {self.input_shape}"
                 )
+            # targets (N, T) go with outputs (T, ...): T must agree
+            if split.targets.dim() == 2 and tuple(split.targets.shape[1:]) != self.expected_output_shape[:1]:
+                raise ValueError(
+                    f"task '{self.name}': {split_name} targets have sample shape {tuple(split.targets.shape[1:])}, "
+                    f"which does not match the output shape {self.expected_output_shape}"
+                )
+
+    @property
+    def expected_output_shape(self) -> tuple[int, ...]:
+        """Per-sample model output shape: ``output_shape`` if given, else ``(num_outputs,)``."""
+        return self.output_shape if self.output_shape is not None else (int(self.num_outputs),)
 
     def metric(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Batch mean accuracy of ``outputs`` (logits) against ``targets``, a 0-dim tensor."""
+        """Batch metric of ``outputs`` (logits) against ``targets``, a 0-dim tensor.
+
+        Accuracy (mean over samples, or over counted tokens), or perplexity ``exp(loss)``.
+        """
+        if self.metric_name == "perplexity":
+            return torch.exp(self.loss_fn(outputs, targets).detach().clamp_max(50.0))
         return accuracy(outputs, targets)
 
     @property

@@ -42,13 +42,13 @@ CHECKPOINT = "checkpoint.pt"
 
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs."""
-    x = task.train.inputs[:2].to(device=device, dtype=dtype)
+    x = _to_device(task.train.inputs[:2], device, dtype)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             y = model(x)
-    except RuntimeError as err:
+    except (RuntimeError, IndexError) as err:  # shape mismatch, or token ids outside an embedding
         reason = str(err).strip().splitlines()[0]
         raise ConfigError(
             f"model does not accept the inputs of task '{task.name}' (per-sample shape "
@@ -56,10 +56,17 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
         ) from None
     finally:
         model.train(was_training)
-    if y.shape[1:] != (task.num_outputs,):
+    expected = tuple(task.expected_output_shape)
+    if tuple(y.shape[1:]) != expected:
+        classes = f" ({task.num_outputs} classes)" if len(expected) == 1 else ""
         raise ConfigError(
-            f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' has {task.num_outputs} classes"
+            f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' expects {expected}{classes}"
         )
+
+
+def _to_device(x, device, dtype):
+    """Move a batch of inputs to ``device``; only floating-point inputs take ``dtype`` (token ids stay int64)."""
+    return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -123,7 +130,8 @@ class Trainer:
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
             self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
         rows = self._order[1][index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
-        return self.task.train.inputs[rows].to(self.device, self.dtype), self.task.train.targets[rows].to(self.device)
+        inputs, targets = self.task.train.inputs[rows], self.task.train.targets[rows]
+        return _to_device(inputs, self.device, self.dtype), targets.to(self.device)
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict[str, float]:
@@ -133,7 +141,7 @@ class Trainer:
         self.model.eval()
         total_loss, total_metric, n = 0.0, 0.0, len(data)
         for start in range(0, n, self.cfg.eval_batch_size):
-            x = data.inputs[start:start + self.cfg.eval_batch_size].to(self.device, self.dtype)
+            x = _to_device(data.inputs[start:start + self.cfg.eval_batch_size], self.device, self.dtype)
             y = data.targets[start:start + self.cfg.eval_batch_size].to(self.device)
             out = self.model(x)
             total_loss += self.task.loss_fn(out, y).item() * len(y)
