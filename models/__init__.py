@@ -11,17 +11,27 @@ from models.cnn import OrthoConvNet, OrthoLeNet
 from models.mlp import MLP
 from models.registry import available, build, register_model
 from models.residual_mlp import ResidualMLP
+from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
+from models.language_model import RecurrentBlockLM, RecurrentLM
 
 register_model("mlp")(MLP)
 register_model("residual_mlp")(ResidualMLP)
 register_model("ortho_lenet")(OrthoLeNet)
 register_model("ortho_convnet")(OrthoConvNet)
+register_model("rnn_lm")(RecurrentLM)
+register_model("rnn_block_lm")(RecurrentBlockLM)
 
 __all__ = [
     "MLP",
     "ResidualMLP",
     "OrthoLeNet",
     "OrthoConvNet",
+    "RecurrentLM",
+    "RecurrentBlockLM",
+    "TanhRNN",
+    "GRU",
+    "LSTM",
+    "DiagonalLinearRNN",
     "ConsistentDropout",
     "ModelConfigError",
     "available",
