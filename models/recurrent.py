@@ -9,7 +9,7 @@ Every layer here has the same interface (``trainers.protocols.RecurrentLayer`` a
   PyTorch's fused ``nn.GRU`` / ``nn.RNN`` (cuDNN on a GPU). LSTM: the fused ``nn.LSTM``
   gives h_1 .. h_T but only the last c, so the c_t are rebuilt from the gates evaluated
   at all (x_t, h_{t-1}) at once and the linear recurrence c_t = f_t c_{t-1} + i_t g_t,
-  solved with ``forward_linear_scan`` (a log-depth scan). DiagonalLinearRNN: the
+  solved with ``models.scan.forward_scan`` (a log-depth scan). DiagonalLinearRNN: the
   recurrence is linear, so the whole sequence is one scan, no fused module is needed.
 * ``cell(x_t, h_prev) -> s_t``: (N, d_in), (N, state_size) -> (N, state_size), batched
   over any N (e.g. all B*T pairs of a sequence at once), the same math as the fused path
@@ -38,40 +38,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.errors import ModelConfigError
+from models.scan import forward_scan
 
-__all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell", "forward_linear_scan"]
+__all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell"]
 
 
 def _check_sizes(input_size, hidden_size) -> None:
     for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def forward_linear_scan(u: torch.Tensor, a: torch.Tensor, s0: torch.Tensor | None = None) -> torch.Tensor:
-    """s_t = a_t * s_{t-1} + u_t for t = 1 .. T along dim 1, with s_0 = ``s0`` (zeros when None).
-
-    ``u``: (B, T, d); ``a``: (B, T, d) (a_t, time-varying) or broadcastable to it (e.g.
-    (1, 1, d), time-invariant). Differentiable in ``u``, ``a`` and ``s0``.
-
-    Hillis-Steele inclusive scan, out of place (autograd-safe): ceil(log2 T) rounds of
-    ``s_t += P_t s_{t-k}``, ``P_t *= P_{t-k}`` for k = 1, 2, 4, ... (P_t: the product
-    a_t ... a_{t-k+1} carrying s_{t-k} to t); no Python loop over time, no division.
-    ``trainers.scan.reverse_scan`` is not used: it writes in place, so autograd cannot
-    differentiate its sequential / hillis_steele / chunked forms through the coefficients
-    (measured), and the forward pass of these layers needs that gradient (lambda, forget gate).
-    """
-    a = a.expand_as(u)
-    if s0 is not None:
-        u = torch.cat([u[:, :1] + a[:, :1] * s0.unsqueeze(1), u[:, 1:]], dim=1)  # fold s_0 into step 1
-    s, P = u, a
-    T, k = u.shape[1], 1
-    while k < T:
-        s = torch.cat([s[:, :k], s[:, k:] + P[:, k:] * s[:, :-k]], dim=1)
-        if 2 * k < T:  # the last round's products are never read
-            P = torch.cat([P[:, :k], P[:, k:] * P[:, :-k]], dim=1)
-        k *= 2
-    return s
 
 
 class _FusedRecurrent(nn.Module):
@@ -190,7 +165,7 @@ class LSTM(_FusedRecurrent):
         H_prev = torch.cat([h_first, H[:, :-1]], dim=1)  # h_0 .. h_{T-1}
         i, f, g, _ = self._gates(x, H_prev)  # all steps at once
         c0 = None if h0 is None else h0[:, d:].to(H.dtype)
-        C = forward_linear_scan(i * g, f, c0)  # c_t = f_t c_{t-1} + i_t g_t
+        C = forward_scan(i * g, f, c0)  # c_t = f_t c_{t-1} + i_t g_t
         return torch.cat([H, C], dim=-1)
 
     def forward(self, x, h0=None):
@@ -202,7 +177,7 @@ class DiagonalLinearRNN(nn.Module):
 
     ``nu`` is initialised so that lambda is uniform in [0.5, 0.99]; ``B`` is an
     ``nn.Linear(input_size, hidden_size, bias=bias)``. The whole sequence is one scan
-    (``forward_linear_scan``); no fused module.
+    (``models.scan.forward_scan``); no fused module.
     """
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
@@ -222,7 +197,7 @@ class DiagonalLinearRNN(nn.Module):
     def forward_sequence(self, x, h0=None):
         u = self.B(x)  # (B, T, d)
         lam = self.decay.to(u.dtype).reshape(1, 1, -1)
-        return forward_linear_scan(u, lam, None if h0 is None else h0.to(u.dtype))
+        return forward_scan(u, lam, None if h0 is None else h0.to(u.dtype))
 
     def cell(self, x_t, h_prev):
         return self.decay * h_prev + self.B(x_t)

@@ -12,7 +12,8 @@ import models
 import tasks
 import trainers
 from models import ModelConfigError
-from models.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN, forward_linear_scan
+from models.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN
+from models.scan import forward_scan
 from trainers.protocols import RecurrentLayer
 
 B, T, D_IN, D = 3, 7, 5, 6
@@ -80,7 +81,7 @@ def test_state_sizes_and_lstm_layout():
 
 
 @pytest.mark.parametrize("T", [1, 2, 7, 8, 33])
-def test_forward_linear_scan_matches_a_loop(T):
+def test_forward_scan_matches_a_loop(T):
     gen = torch.Generator().manual_seed(3)
     u = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
     a = torch.rand(B, T, D, generator=gen, dtype=torch.float64)
@@ -90,7 +91,7 @@ def test_forward_linear_scan_matches_a_loop(T):
         for t in range(T):
             s = coef.expand_as(u)[:, t] * s + u[:, t]
             ref.append(s)
-        torch.testing.assert_close(forward_linear_scan(u, coef, s0), torch.stack(ref, 1), atol=1e-12, rtol=0)
+        torch.testing.assert_close(forward_scan(u, coef, s0), torch.stack(ref, 1), atol=1e-12, rtol=0)
 
 
 def test_diagonal_rnn_forward_sequence_equals_python_loop_and_gradients_flow():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainers.scan import reverse_scan
+from models.scan import reverse_scan
 
 FORMS = ["sequential", "hillis_steele", "chunked", "auto"]
 
@@ -80,3 +80,37 @@ def test_bad_method_and_fft_needs_constant_coefficient():
         reverse_scan(v, 0.5, method="blelloch")
     with pytest.raises(ValueError, match="time-invariant"):
         reverse_scan(v, torch.rand(5, 2), method="fft")
+
+
+def test_hillis_steele_is_differentiable_like_the_loop():
+    """The out-of-place form carries gradients to v and a (the recurrent layers rely on it)."""
+    gen = torch.Generator().manual_seed(3)
+    v = torch.randn(11, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    a = torch.rand(11, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 2, 3, generator=gen, dtype=torch.float64)
+
+    def loop(v, a):
+        out = [v[-1]]
+        for i in range(v.shape[0] - 2, -1, -1):
+            out.append(v[i] + a[i] * out[-1])
+        return torch.stack(out[::-1])
+
+    got = torch.autograd.grad((reverse_scan(v, a, method="hillis_steele") * w).sum(), (v, a))
+    ref = torch.autograd.grad((loop(v, a) * w).sum(), (v, a))
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_s0", [False, True])
+def test_forward_scan_is_the_forward_recurrence(with_s0):
+    from models.scan import forward_scan
+
+    gen = torch.Generator().manual_seed(4)
+    u = torch.randn(2, 9, 3, generator=gen, dtype=torch.float64)  # (B, T, d)
+    a = torch.rand(2, 9, 3, generator=gen, dtype=torch.float64)
+    s0 = torch.randn(2, 3, generator=gen, dtype=torch.float64) if with_s0 else None
+    s, ref = torch.zeros(2, 3, dtype=torch.float64) if s0 is None else s0, []
+    for t in range(9):
+        s = a[:, t] * s + u[:, t]
+        ref.append(s)
+    torch.testing.assert_close(forward_scan(u, a, s0), torch.stack(ref, 1), rtol=1e-12, atol=1e-12)

@@ -35,8 +35,8 @@ from models.orthogonal import project_
 from trainers.engines.backprop import Backprop
 from trainers.options import parse_key_values
 from trainers.registry import build_engine
-from trainers.scan import METHODS as SCAN_METHODS
-from trainers.scan import reverse_scan
+from models.scan import METHODS as SCAN_METHODS
+from models.scan import reverse_scan
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",

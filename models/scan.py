@@ -13,10 +13,16 @@ unused). One scan serves two engines:
 * DSF (Caillon et al., arXiv 2503.23104): the stationary feedback
   ``g_t = e_t + A g_{t+1}`` with a fixed diagonal A, i.e. a constant ``a``.
 
+The forward recurrence s_t = a_t s_{t-1} + u_t is the same scan in reversed
+time (``forward_scan``).
+
 Forms (``method``), all exact up to rounding:
 * ``sequential``: n element-wise steps (the reference).
 * ``hillis_steele``: ceil(log2 n) rounds of ``u_i += P_i u_{i+s}``,
-  ``P_i *= P_{i+s}`` for s = 1, 2, 4, ...: O(n log n) work, O(log n) depth.
+  ``P_i *= P_{i+s}`` for s = 1, 2, 4, ...: O(n log n) work, O(log n) depth;
+  out of place, so it is the form to use under autograd (the recurrent
+  layers' forward passes); the others write in place and serve engines,
+  which never differentiate through the scan.
 * ``chunked``: blocks of c ~ sqrt(n) steps: local scans inside all blocks at
   once, a sequential carry across blocks, then the carries pushed into the
   blocks with reverse cumulative products: O(n) work, O(sqrt n) sequential steps.
@@ -30,7 +36,7 @@ import math
 
 import torch
 
-__all__ = ["reverse_scan", "METHODS"]
+__all__ = ["reverse_scan", "forward_scan", "METHODS"]
 
 METHODS = ("auto", "sequential", "hillis_steele", "chunked", "fft")
 
@@ -45,13 +51,14 @@ def _sequential(v, a):
 
 
 def _hillis_steele(v, a):
+    """Out of place, so autograd can differentiate it (in v and a)."""
     n = v.shape[0]
-    u, P = v.clone(), a.expand_as(v).clone()  # P_i: product carrying u_{i+s} to i
+    u, P = v, a.expand_as(v)  # P_i: product carrying u_{i+s} back to i
     s = 1
     while s < n:
-        update = P[: n - s] * u[s:]  # read the previous round before writing
-        u[: n - s] += update
-        P[: n - s] = P[: n - s] * P[s:]
+        u = torch.cat([u[: n - s] + P[: n - s] * u[s:], u[n - s:]])
+        if 2 * s < n:  # the last round's products are never read
+            P = torch.cat([P[: n - s] * P[s:], P[n - s:]])
         s *= 2
     return u
 
@@ -125,3 +132,21 @@ def reverse_scan(v: torch.Tensor, a: torch.Tensor | float, *, dim: int = 0, meth
         method = "sequential" if v.device.type == "cpu" or v.shape[0] < 64 else "chunked"
     u = {"sequential": _sequential, "hillis_steele": _hillis_steele, "chunked": _chunked, "fft": _fft}[method](v, a)
     return u.movedim(0, dim)
+
+
+def forward_scan(u: torch.Tensor, a: torch.Tensor | float, s0: torch.Tensor | None = None, *, dim: int = 1,
+                 method: str = "hillis_steele") -> torch.Tensor:
+    """s_t = a_t * s_{t-1} + u_t along ``dim`` (t = 0 .. T-1), with s_{-1} = ``s0`` (zeros when None).
+
+    The reverse scan in reversed time: with tau = T-1-t, s_tau = u_tau + a_tau s_{tau+1}.
+    ``u``: (B, T, d) by default; ``a`` broadcastable to it; ``s0``: ``u`` without ``dim``.
+    Differentiable with the default (``hillis_steele``) form.
+    """
+    a = torch.as_tensor(a, dtype=u.dtype, device=u.device)
+    if a.dim() < u.dim():
+        a = a.reshape((1,) * (u.dim() - a.dim()) + tuple(a.shape))
+    a = a.expand_as(u)
+    if s0 is not None:  # fold the initial state into the first step
+        first = u.narrow(dim, 0, 1) + a.narrow(dim, 0, 1) * s0.unsqueeze(dim)
+        u = torch.cat([first, u.narrow(dim, 1, u.shape[dim] - 1)], dim=dim)
+    return reverse_scan(u.flip(dim), a.flip(dim), dim=dim, method=method).flip(dim)
