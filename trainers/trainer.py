@@ -220,7 +220,9 @@ class Trainer:
                 ckpt.unlink(missing_ok=True)
         logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if self.run_dir else None
         eval_every = cfg.eval_every or self.steps_per_epoch()
-        bar = tqdm(total=total, initial=self.step, disable=not cfg.progress, desc=self.engine.name, leave=False)
+        # no bar when asked, or when stderr is not a terminal (logs, CI): tqdm's disable=None
+        bar = tqdm(total=total, initial=self.step, disable=None if cfg.progress else True, desc=self.engine.name,
+                   leave=False)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
