@@ -15,7 +15,7 @@ protocols by having the named attributes. Engines check them with
   diagonal). Zoo: ``residual_mlp``.
 * ``RecurrentLayer`` (DSF, FT-BPTT, Highway-BP over time): a one-step cell
   ``h_t = cell(x_t, h_{t-1})`` and a fast whole-sequence forward sharing its
-  weights. Zoo: the recurrent models of the DSF issue.
+  weights. Zoo: the layers of ``models.recurrent`` (in ``rnn_lm``, ``rnn_block_lm``).
 """
 
 from collections.abc import Callable, Sequence
