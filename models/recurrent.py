@@ -25,6 +25,8 @@ Every layer here has the same interface (``trainers.protocols.RecurrentLayer`` a
       diag(f_t) exactly (the gates do not read c).
     - DiagonalLinearRNN: lambda, broadcast to (N, d): the exact, diagonal Jacobian.
     - TanhRNN: zeros (no diagonal direct path: h_t = tanh(W_ih x + W_hh h_{t-1} + b)).
+* ``cell_with_gate(x_t, h_prev) -> (s_t, gate)``: both from one evaluation of the gates.
+* ``has_diagonal_path``: False for the tanh RNN (its gate is identically zero).
 * ``forward(x, h0=None) = output(forward_sequence(x, h0))``: a plain module (B, T, d_in) ->
   (B, T, d). The LSTM's ``forward`` takes the fused h directly (same values, skips c).
 
@@ -51,6 +53,8 @@ def _check_sizes(input_size, hidden_size) -> None:
 
 class _FusedRecurrent(nn.Module):
     """Shared plumbing of the layers backed by one PyTorch fused module ``self.rnn``."""
+
+    has_diagonal_path = True
 
     def _weights(self):
         rnn = self.rnn
@@ -84,9 +88,14 @@ class TanhRNN(_FusedRecurrent):
         w_ih, w_hh, b_ih, b_hh = self._weights()
         return torch.tanh(F.linear(x_t, w_ih, b_ih) + F.linear(h_prev, w_hh, b_hh))
 
+    has_diagonal_path = False
+
     def gate(self, x_t, h_prev):
         """Zeros: the tanh RNN has no diagonal direct path (module docstring)."""
         return torch.zeros_like(h_prev)
+
+    def cell_with_gate(self, x_t, h_prev):
+        return self.cell(x_t, h_prev), torch.zeros_like(h_prev)
 
 
 class GRU(_FusedRecurrent):
@@ -116,6 +125,10 @@ class GRU(_FusedRecurrent):
         """The update gate z_t, the coefficient of h_{t-1} (module docstring)."""
         return self._gates(x_t, h_prev)[0]
 
+    def cell_with_gate(self, x_t, h_prev):
+        z, n = self._gates(x_t, h_prev)
+        return (1 - z) * n + z * h_prev, z
+
 
 class LSTM(_FusedRecurrent):
     """PyTorch's LSTM on an ``nn.LSTM``; state [h; c] (size 2d), h first."""
@@ -136,16 +149,19 @@ class LSTM(_FusedRecurrent):
         return state[..., : self.hidden_size], state[..., self.hidden_size :]
 
     def cell(self, x_t, h_prev):
-        h, c = self._split(h_prev)
-        i, f, g, o = self._gates(x_t, h)
-        c_new = f * c + i * g
-        return torch.cat([o * torch.tanh(c_new), c_new], dim=-1)
+        return self.cell_with_gate(x_t, h_prev)[0]
 
     def gate(self, x_t, h_prev):
         """[0; f_t]: zeros on the h half, the forget gate on the c half (module docstring)."""
         h, _ = self._split(h_prev)
         f = self._gates(x_t, h)[1]
         return torch.cat([torch.zeros_like(f), f], dim=-1)
+
+    def cell_with_gate(self, x_t, h_prev):
+        h, c = self._split(h_prev)
+        i, f, g, o = self._gates(x_t, h)
+        c_new = f * c + i * g
+        return torch.cat([o * torch.tanh(c_new), c_new], dim=-1), torch.cat([torch.zeros_like(f), f], dim=-1)
 
     def output(self, states):
         return states[..., : self.hidden_size]
@@ -180,6 +196,8 @@ class DiagonalLinearRNN(nn.Module):
     (``models.scan.forward_scan``); no fused module.
     """
 
+    has_diagonal_path = True
+
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
         super().__init__()
         _check_sizes(input_size, hidden_size)
@@ -205,6 +223,9 @@ class DiagonalLinearRNN(nn.Module):
     def gate(self, x_t, h_prev):
         """lambda broadcast to (N, d): the exact (diagonal) Jacobian d h_t / d h_{t-1}."""
         return self.decay.to(h_prev.dtype).expand_as(h_prev)
+
+    def cell_with_gate(self, x_t, h_prev):
+        return self.cell(x_t, h_prev), self.gate(x_t, h_prev)
 
     def output(self, states):
         return states

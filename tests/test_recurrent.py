@@ -262,3 +262,14 @@ def test_wrong_input_kind_fails_at_forward():
     lm = models.build("rnn_lm", in_features=5, out_features=4, hidden=8)
     with pytest.raises(RuntimeError, match="token ids"):
         lm(torch.randn(2, 5, 1))
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_cell_with_gate_is_cell_and_gate_from_one_evaluation(cls):
+    layer = make(cls)
+    x, h0 = data(layer.state_size)
+    x_t, h_prev = x[:, 0], h0
+    s, gate = layer.cell_with_gate(x_t, h_prev)
+    torch.testing.assert_close(s, layer.cell(x_t, h_prev), rtol=0, atol=0)
+    torch.testing.assert_close(gate, layer.gate(x_t, h_prev), rtol=0, atol=0)
+    assert layer.has_diagonal_path == (cls is not TanhRNN)

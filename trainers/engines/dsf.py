@@ -1,0 +1,216 @@
+"""DSF (diagonal state feedback) and FT-BPTT: time-parallel training of recurrent layers.
+
+Caillon, Fagnou, Allauzen, "Fast Training of Recurrent Neural Networks with Stationary
+State Feedbacks", arXiv 2503.23104. BPTT propagates g_t = e_t + g_{t+1} J_{t+1} with the
+per-sample, per-step Jacobian J_{t+1} = d s_{t+1} / d s_t; DSF replaces every J_{t+1} by
+one fixed diagonal A:
+
+    g_T = e_T,    g_t = e_t + a * g_{t+1}     (element-wise; a = diag A)
+
+where e_t = dL/ds_t through the non-recurrent paths only (the layer above, the residual,
+the head). In every layer of ``model.recurrent_layers``, during the model's own forward:
+
+1. s_1 .. s_T = ``forward_sequence(x)`` without a graph (fused nn.GRU / nn.RNN / nn.LSTM);
+2. the cell recomputed on all B*T pairs (x_t, s_{t-1}) at once, s_{t-1} detached: a local
+   graph per step that depends on theta and x_t only, whose outputs equal step 1's;
+3. in the backward pass, the e_t arriving at those outputs is replaced by g_t, computed by
+   one reverse scan (``models.scan.reverse_scan``: sequential on the CPU, chunked on a GPU,
+   never the a^-t cumsum trick), and autograd pushes g_t through the local graph to theta
+   (summed over t) and to x_t, which is the e_t of the layer below.
+
+Stacked layers each apply their own feedback; everything outside the recurrent layers
+(embedding, residuals, LayerNorms, MLPs, head) is differentiated exactly.
+
+``feedback`` (the choice of a):
+* ``linspace`` (default): a = linspace(0, 1, state_size), the authors' code, every layer.
+* ``constant``: a = ``decay`` in every channel (0 is FT-BPTT, 1 an undecayed reverse cumsum).
+* ``tied``: a_t = the layer's own gate at step t+1 (``cell_with_gate``): lambda for the
+  diagonal linear RNN, where DSF is then exact BPTT; the update gate z_{t+1} for the GRU
+  and [0; f_{t+1}] for the LSTM, the diagonal direct-path part of their Jacobian
+  (per sample and per step, so not stationary; beyond the paper).
+* ``gate``: a stationary a = the gate's mean over batch, time and the ``refresh`` steps
+  since the last refresh, refreshed every ``refresh`` steps (beyond the paper).
+
+For the LSTM the state is [h; c] and nothing above reads c, so e_t is zero on the c half
+and a diagonal feedback leaves it zero: only the h half's channels feed back.
+
+``ftbptt`` (fully truncated BPTT) is the same step with a = 0: no scan at all.
+"""
+
+import contextlib
+import dataclasses
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from models.scan import METHODS, reverse_scan
+from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.errors import ConfigError, IncompatibleModelError
+from trainers.options import option
+from trainers.registry import register_engine
+
+__all__ = ["TimeParallel", "FTBPTT", "DSF"]
+
+_ZOO = "rnn_lm, rnn_block_lm"
+_LAYER_METHODS = ("forward_sequence", "cell", "cell_with_gate", "output")
+
+
+class TimeParallel(GradientEngine):
+    """Shared step of FT-BPTT and DSF: detached fused forward, local recompute, feedback hook."""
+
+    def check(self, model: nn.Module) -> None:
+        layers = getattr(model, "recurrent_layers", None)
+        if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+            raise IncompatibleModelError(
+                f"trainer '{self.name}' needs a model with recurrent layers (an nn.ModuleList "
+                f"'recurrent_layers'); {type(model).__name__} has none (zoo models that qualify: {_ZOO})")
+        for layer in layers:
+            missing = [m for m in _LAYER_METHODS if not callable(getattr(layer, m, None))]
+            if missing:
+                raise IncompatibleModelError(
+                    f"trainer '{self.name}': recurrent layer {type(layer).__name__} lacks "
+                    f"{', '.join(missing)} (layers that qualify: models.recurrent)")
+
+    # -- the feedback, per layer: None (no scan) or coefficients broadcastable to (B, T, state)
+    needs_gate = False
+
+    def coefficients(self, index: int, layer: nn.Module, gate: torch.Tensor | None) -> torch.Tensor | None:
+        return None
+
+    def scan_method(self) -> str:
+        return "auto"
+
+    def _layer_forward(self, index: int, layer: nn.Module):
+        def forward(x, h0=None):
+            with torch.no_grad():
+                states = layer.forward_sequence(x, h0)  # (B, T, state), fused, no graph
+            B, T = states.shape[:2]
+            first = states.new_zeros(B, 1, states.shape[2]) if h0 is None else h0.to(states.dtype)[:, None]
+            prev = torch.cat([first, states[:, :-1]], dim=1)  # s_0 .. s_{T-1}, detached
+            flat_x, flat_prev = x.reshape(B * T, -1), prev.reshape(B * T, -1)
+            if self.needs_gate:
+                local, gate = layer.cell_with_gate(flat_x, flat_prev)
+                gate = gate.detach().reshape(B, T, -1)
+            else:
+                local, gate = layer.cell(flat_x, flat_prev), None
+            local = local.reshape(B, T, -1)
+            a = self.coefficients(index, layer, gate)
+            if a is not None and local.requires_grad:
+                method = self.scan_method()
+                a = a.to(local.dtype)
+                local.register_hook(lambda e: reverse_scan(e, a, dim=1, method=method))
+            return layer.output(local)
+
+        return forward
+
+    @contextlib.contextmanager
+    def time_parallel(self, model: nn.Module):
+        """Within this context, every recurrent layer of ``model`` runs the DSF / FT-BPTT step."""
+        self.check(model)
+        layers = list(model.recurrent_layers)
+        try:
+            for i, layer in enumerate(layers):
+                layer.forward = self._layer_forward(i, layer)  # instance attribute, removed below
+            yield model
+        finally:
+            for layer in layers:
+                layer.__dict__.pop("forward", None)
+
+    def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        params = [p for _, p in trainable_parameters(model)]
+        with self.time_parallel(model):
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        write_grads(params, grads)
+        self.after_step()
+        return StepOutput(loss=loss.detach(), outputs=outputs.detach())
+
+    def after_step(self) -> None:
+        """Hook for per-step bookkeeping (DSF's gate statistics)."""
+
+
+@register_engine("ftbptt")
+class FTBPTT(TimeParallel):
+    """Fully truncated BPTT: g_t = e_t, no gradient through time (DSF with A = 0)."""
+
+
+@register_engine("dsf")
+class DSF(TimeParallel):
+    """Diagonal state feedback (module docstring)."""
+
+    @dataclasses.dataclass
+    class Options:
+        feedback: Literal["linspace", "constant", "tied", "gate"] = option(
+            "linspace", "diagonal feedback a: linspace(0,1,d) (authors), constant decay, tied to the "
+                        "cell's gate per step, or the gate's running mean (module docstring)")
+        decay: float = option(0.5, "a for feedback=constant, in [0, 1]")
+        refresh: int = option(100, "feedback=gate: refresh a from the gate's mean every N steps")
+        scan: Literal[METHODS] = option("auto", "reverse-scan form (auto: sequential on CPU, chunked on GPU)")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if not 0.0 <= self.options.decay <= 1.0:
+            raise ConfigError(f"--dsf-decay must be in [0, 1], got {self.options.decay}")
+        if self.options.refresh < 1:
+            raise ConfigError(f"--dsf-refresh must be a positive integer, got {self.options.refresh}")
+        if self.options.scan == "fft" and self.options.feedback == "tied":
+            raise ConfigError("--dsf-scan fft needs a time-invariant feedback; feedback=tied varies per step")
+        self.needs_gate = self.options.feedback in ("tied", "gate")
+        self.steps = 0
+        self.gate_sum: dict[int, torch.Tensor] = {}  # feedback=gate, per layer: gate means summed since refresh
+        self.gate_count = 0  # steps in gate_sum before the current one
+        self.a: dict[int, torch.Tensor] = {}  # feedback=gate: the current stationary a per layer
+        self.fixed: dict[tuple, torch.Tensor] = {}  # linspace / constant a per (state size, device)
+        self._means: dict[int, torch.Tensor] = {}  # mean a per layer of the last step (metrics)
+
+    def check(self, model):
+        super().check(model)
+        if self.needs_gate:
+            for layer in model.recurrent_layers:
+                if not getattr(layer, "has_diagonal_path", True):
+                    raise IncompatibleModelError(
+                        f"--dsf-feedback {self.options.feedback} needs a cell with a diagonal direct path "
+                        f"(gru, lstm, diagonal); {type(layer).__name__}'s gate is zero, i.e. ftbptt")
+
+    def scan_method(self):
+        return self.options.scan
+
+    def coefficients(self, index, layer, gate):
+        kind, size = self.options.feedback, layer.state_size
+        device = next(layer.parameters()).device
+        if kind in ("linspace", "constant"):  # fixed: built once per (size, device)
+            key = (size, device)
+            if key not in self.fixed:
+                a = torch.linspace(0.0, 1.0, size) if kind == "linspace" else torch.full((size,), self.options.decay)
+                self.fixed[key] = a.to(device)
+            a = self.fixed[key]
+        elif kind == "tied":  # a_t carries g_{t+1} back to t: the gate at step t+1 (last entry unused)
+            a = torch.cat([gate[:, 1:], torch.zeros_like(gate[:, :1])], dim=1)
+        else:  # gate: the mean since the last refresh, refreshed every `refresh` steps
+            self.gate_sum[index] = self.gate_sum.get(index, 0) + gate.mean(dim=(0, 1)).double()
+            if index not in self.a or self.steps % self.options.refresh == 0:
+                self.a[index] = self.gate_sum[index] / (self.gate_count + 1)
+            a = self.a[index]
+        self._means[index] = a.mean()  # a tensor: read (synchronised) only when metrics are logged
+        return a
+
+    def after_step(self):
+        self.gate_count += 1  # steps accumulated in gate_sum
+        if self.steps % self.options.refresh == 0:
+            self.gate_sum, self.gate_count = {}, 0
+        self.steps += 1
+
+    def metrics(self):
+        return {f"feedback_mean/layer{i}": float(v) for i, v in sorted(self._means.items())}
+
+    def state_dict(self):
+        return {"steps": self.steps, "gate_count": self.gate_count,
+                "gate_sum": {i: t.clone() for i, t in self.gate_sum.items()},
+                "a": {i: t.clone() for i, t in self.a.items()}}
+
+    def load_state_dict(self, state):
+        self.steps, self.gate_count = state["steps"], state["gate_count"]
+        self.gate_sum = {i: t.clone() for i, t in state["gate_sum"].items()}
+        self.a = {i: t.clone() for i, t in state["a"].items()}
