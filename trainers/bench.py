@@ -1,12 +1,17 @@
 """Step-time and peak-memory benchmarks, reported as ratios against backprop.
 
-Two suites, both in one process so ratios compare like with like:
+Suites, each in one process so ratios compare like with like:
 
 * ``overhead``: the Trainer with the backprop engine against a plain
   hand-written PyTorch loop (zero_grad, forward, backward, step, loss.item())
   on the same MLP, same batches; rounds alternate between the two.
 * ``engines``: each trainer's step (compute_grads + optimizer step +
   orthogonality upkeep) on an MLP for each (depth, width), against backprop.
+* ``recurrent``: each trainer's step (compute_grads + Adam step) on a recurrent
+  language model (``rnn_lm``) for each (depth, length), against backprop (BPTT
+  through the fused nn.GRU, cuDNN on a GPU), plus ``bptt_loop``: BPTT through
+  the same cell stepped in a Python loop over time.
+* ``scan``: the reverse scan alone in every form against the DSF authors' loop.
 
 Times are medians over all timed steps after warm-up. Peak memory: on CUDA,
 ``max_memory_allocated`` during a call above what was allocated before it;
@@ -40,7 +45,7 @@ from models.scan import reverse_scan
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
-           "write_results", "engine_from_spec", "bench_scan"]
+           "write_results", "engine_from_spec", "bench_scan", "bench_recurrent"]
 
 
 def machine_description(device: torch.device) -> str:
@@ -166,16 +171,7 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                     opt.step()
                     project_(model)
 
-                for _ in range(warmup):
-                    step()
-                times = []
-                for _ in range(steps):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    step()
-                    _sync(device)
-                    times.append(time.perf_counter() - t0)
-                ms = 1e3 * statistics.median(times)
+                ms = 1e3 * _time_steps(step, steps, warmup, device)
                 step_mem = peak_step_memory_mb(step, device)
                 # the gradient computation alone, grads freed first: activations + new grads + temporaries
                 model.zero_grad(set_to_none=True)
@@ -188,6 +184,89 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                              "step_ms": ms, "ratio_to_backprop": ms / base[0], "step_peak_mb": step_mem,
                              "grad_bytes_mb": grad_mb, "grads_peak_mb": grads_mem,
                              "grads_peak_ratio_to_backprop": grads_mem / base[1]})
+    return rows
+
+
+class _LoopBPTT(Backprop):
+    """BPTT through each recurrent layer's cell stepped in a Python loop over time (a baseline)."""
+
+    name = "bptt_loop"
+
+    @staticmethod
+    def _looped(layer):
+        def forward(x, h0=None):
+            h = x.new_zeros(x.shape[0], layer.state_size) if h0 is None else h0
+            states = []
+            for t in range(x.shape[1]):
+                h = layer.cell(x[:, t], h)
+                states.append(h)
+            return layer.output(torch.stack(states, dim=1))
+        return forward
+
+    def compute_grads(self, model, inputs, targets, loss_fn):
+        layers = list(model.recurrent_layers)
+        try:
+            for layer in layers:
+                layer.forward = self._looped(layer)
+            return super().compute_grads(model, inputs, targets, loss_fn)
+        finally:
+            for layer in layers:
+                layer.__dict__.pop("forward", None)
+
+
+def _time_steps(step, steps, warmup, device) -> float:
+    """Median seconds of ``step()`` over ``steps`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, vocab, steps, warmup, device,
+                    loop_max_length=1024) -> list[dict]:
+    """Step time (compute_grads + Adam) and peak memory of each trainer on ``rnn_lm`` with token inputs.
+
+    ``bptt_loop`` in ``trainers`` adds the Python-loop BPTT baseline (only for lengths up to
+    ``loop_max_length``: its cost grows with T kernel launches per layer).
+    """
+    from tasks.base import sequence_cross_entropy
+
+    rows = []
+    for depth in depths:
+        for T in lengths:
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randint(0, vocab, (batch_size, T), generator=gen).to(device)
+            y = torch.randint(0, vocab, (batch_size, T), generator=gen).to(device)
+            base = None
+            for name in ["backprop"] + [t for t in trainers if t != "backprop"]:
+                if name == "bptt_loop" and T > loop_max_length:
+                    continue
+                torch.manual_seed(0)
+                model = models.build("rnn_lm", in_features=T, out_features=vocab, cell=cell, hidden=hidden,
+                                     depth=depth).to(device)
+                engine = _LoopBPTT() if name == "bptt_loop" else engine_from_spec(name)
+                engine.check(model)
+                opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+                def step():
+                    engine.compute_grads(model, x, y, sequence_cross_entropy)
+                    opt.step()
+
+                ms = 1e3 * _time_steps(step, steps, warmup, device)
+                model.zero_grad(set_to_none=True)
+                peak = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, sequence_cross_entropy), device)
+                if name == "backprop":
+                    base = (ms, peak)
+                rows.append({"suite": "recurrent", "trainer": name, "cell": cell, "depth": depth, "hidden": hidden,
+                             "T": T, "batch_size": batch_size, "step_ms": ms, "ratio_to_backprop": ms / base[0],
+                             "speedup_over_backprop": base[0] / ms, "grads_peak_mb": peak,
+                             "peak_ratio_to_backprop": peak / base[1]})
     return rows
 
 

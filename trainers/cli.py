@@ -28,9 +28,14 @@ __all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_fro
 
 MODEL_FLAGS = {
     # flag dest: (type, help); only flags the user gives reach the model
-    "depth": (int, "number of layers (mlp) or residual blocks (residual_mlp)"),
+    "depth": (int, "number of layers (mlp), residual blocks (residual_mlp) or recurrent layers (rnn_lm, rnn_block_lm)"),
     "width": (str, "hidden width, or a comma list of hidden widths (mlp)"),
-    "hidden": (int, "branch hidden width (residual_mlp)"),
+    "hidden": (int, "branch hidden width (residual_mlp) or recurrent state size (rnn_lm, rnn_block_lm)"),
+    "cell": (str, "recurrent cell: rnn, gru, lstm, diagonal (rnn_lm, rnn_block_lm)"),
+    "vocab_size": (int, "input token vocabulary when it differs from the outputs, e.g. copy (rnn_lm, rnn_block_lm)"),
+    "input_dim": (int, "float features per step instead of tokens, e.g. 2 for adding (rnn_lm, rnn_block_lm)"),
+    "per_step": (str, "one output per step: true or false (rnn_lm, rnn_block_lm; default: true for tokens)"),
+    "tie_weights": (str, "share the head's weight with the embedding: true or false (rnn_lm, rnn_block_lm)"),
     "activation": (str, f"hidden activation: {', '.join(models.activations.ACTIVATIONS)}"),
     "dropout": (float, "dropout probability"),
     "bias": (str, "use biases: true or false"),
@@ -45,7 +50,9 @@ def _model_value(name, text):
     if name == "width":
         parts = [int(p) for p in text.split(",")]
         return parts[0] if len(parts) == 1 else parts
-    if name == "bias":
+    if name in ("bias", "per_step", "tie_weights"):
+        if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"--{name.replace('_', '-')} must be true or false, got {text!r}")
         return text.lower() in ("1", "true", "yes", "on")
     if name == "orthogonal" and text.lower() == "none":
         return None
@@ -152,6 +159,16 @@ def _int_list(text: str) -> list[int]:
         raise ConfigError(f"expected a comma list of integers, got {text!r}") from None
 
 
+def _trainer_specs(text: str) -> list[str]:
+    return [t.strip() for t in text.split(";") if t.strip()]
+
+
+def _mlp_trainers() -> list[str]:
+    """Every registered trainer that accepts the engines suite's (orthogonal) MLP."""
+    mlp = models.build("mlp", in_features=8, out_features=4, depth=2, width=8, orthogonal="bjorck")
+    return [name for name in available() if compatible(name, mlp)]
+
+
 def compare_main(argv=None) -> int:
     """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -195,13 +212,21 @@ def bench_main(argv=None) -> int:
     from trainers import bench
 
     parser = argparse.ArgumentParser(description="Benchmark step time (median) and peak memory per trainer.")
-    parser.add_argument("--suite", choices=["overhead", "engines", "scan", "all"], default="all")
-    parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (scan suite)")
-    parser.add_argument("--trainers", default=";".join(available()),
-                        help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite)")
+    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "scan", "all"], default="all")
+    parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
+    parser.add_argument("--trainers", default=None,
+                        help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite; "
+                             "default: every trainer that accepts an MLP) or 'backprop;ftbptt;dsf;bptt_loop' "
+                             "(recurrent suite; that is its default)")
     parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
     parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines suite)")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--cell", default="gru", help="recurrent cell (recurrent suite)")
+    parser.add_argument("--hidden", type=int, default=512, help="recurrent state size (recurrent and scan suites)")
+    parser.add_argument("--recurrent-depths", default="1,3", help="comma list of recurrent layers (recurrent suite)")
+    parser.add_argument("--recurrent-batch-size", type=int, default=128, help="batch (recurrent and scan suites)")
+    parser.add_argument("--vocab", type=int, default=64, help="token vocabulary of the recurrent suite's LM")
+    parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (all trainers alike)")
     parser.add_argument("--orthogonal", default="bjorck", help="orthogonality of the engines-suite MLP (or none)")
     parser.add_argument("--orthogonal-iters", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30, help="timed steps (per round for overhead; >= 20)")
@@ -214,10 +239,13 @@ def bench_main(argv=None) -> int:
     def main():
         if args.steps < 20:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
-        names = [t.strip() for t in args.trainers.split(";") if t.strip()]
-        for name in names:
+        engine_names = _trainer_specs(args.trainers) if args.trainers else _mlp_trainers()
+        recurrent_names = _trainer_specs(args.trainers or "backprop;ftbptt;dsf;bptt_loop")
+        for name in {*engine_names, *recurrent_names} - {"bptt_loop"}:
             bench.engine_from_spec(name)  # unknown trainers and options fail here, before any timing
         device = torch.device(args.device)
+        if args.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         rows = []
         if args.suite in ("overhead", "all"):
             for in_features, width, depth, batch in ((64, 64, 3, 64), (256, 1024, 4, 256)):
@@ -225,13 +253,19 @@ def bench_main(argv=None) -> int:
                                                  batch_size=batch, n_train=8 * batch, steps=args.steps,
                                                  warmup=args.warmup, rounds=args.rounds, device=device))
         if args.suite in ("engines", "all"):
-            rows += bench.bench_engines(trainers=names, depths=_int_list(args.depths), widths=_int_list(args.widths),
-                                        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                                        device=device, orthogonal=None if args.orthogonal == "none" else args.orthogonal,
+            rows += bench.bench_engines(trainers=engine_names, depths=_int_list(args.depths),
+                                        widths=_int_list(args.widths), batch_size=args.batch_size, steps=args.steps,
+                                        warmup=args.warmup, device=device,
+                                        orthogonal=None if args.orthogonal == "none" else args.orthogonal,
                                         orthogonal_iters=args.orthogonal_iters)
+        if args.suite in ("recurrent", "all"):
+            rows += bench.bench_recurrent(trainers=recurrent_names, cell=args.cell,
+                                          depths=_int_list(args.recurrent_depths), hidden=args.hidden,
+                                          lengths=_int_list(args.lengths), batch_size=args.recurrent_batch_size,
+                                          vocab=args.vocab, steps=args.steps, warmup=args.warmup, device=device)
         if args.suite in ("scan", "all"):
-            rows += bench.bench_scan(lengths=_int_list(args.lengths), batch_size=128, width=512,
-                                     repeats=max(3, args.steps // 10), device=device)
+            rows += bench.bench_scan(lengths=_int_list(args.lengths), batch_size=args.recurrent_batch_size,
+                                     width=args.hidden, repeats=max(3, args.steps // 10), device=device)
         command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
         print(bench.write_results(rows, args.out, bench.machine_description(device), command.strip()))
 
