@@ -177,6 +177,36 @@ def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):
     assert bench_main(["--steps", "5", "--out", str(out)]) == 2
 
 
+def test_bench_recurrent_suite_times_every_trainer_and_the_loop_baseline(tmp_path):
+    import json
+
+    from trainers.cli import bench_main
+
+    out = tmp_path / "bench"
+    assert bench_main(["--suite", "recurrent", "--recurrent-depths", "1,2", "--lengths", "6", "--hidden", "8",
+                       "--recurrent-batch-size", "3", "--vocab", "5", "--steps", "20", "--warmup", "1",
+                       "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [(r["trainer"], r["depth"]) for r in rows] == [
+        (t, d) for d in (1, 2) for t in ("backprop", "ftbptt", "dsf", "bptt_loop")]
+    assert all(r["step_ms"] > 0 and r["grads_peak_mb"] > 0 for r in rows)
+    assert rows[0]["speedup_over_backprop"] == 1.0
+
+
+def test_recurrent_model_flags_reach_the_model(tmp_path, capsys):
+    flags = ["--model", "rnn_lm", "--task", "adding", "--task-option", "length=6", "--task-option", "n_train=8",
+             "--task-option", "n_val=4", "--task-option", "n_test=4", "--input-dim", "2", "--cell", "lstm",
+             "--hidden", "5", "--depth", "2", "--steps", "1", "--batch-size", "4", "--progress", "false",
+             "--logdir", str(tmp_path / "r")]
+    assert train_main(["--trainer", "dsf", *flags]) == 0
+    import json
+
+    model = json.loads(next((tmp_path / "r").rglob("result.json")).read_text())["model"]
+    assert (model["name"], model["cell"], model["depth"], model["input_dim"]) == ("rnn_lm", "lstm", 2, 2)
+    assert train_main(["--trainer", "dsf", *flags, "--per-step", "maybe", "--overwrite"]) == 2
+    assert "--per-step must be true or false" in capsys.readouterr().err
+
+
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     """A real process killed with SIGKILL mid-run: its last checkpoint loads, and
     --resume ends with the same metrics as a run that was never interrupted."""

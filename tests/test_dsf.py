@@ -193,6 +193,19 @@ def test_linspace_feedback_is_the_closed_form_on_one_diagonal_layer():
     torch.testing.assert_close(grad_B, torch.einsum("btd,bti->di", g, u), rtol=1e-12, atol=1e-14)
 
 
+def test_lstm_cell_half_receives_no_error_so_gate_feedbacks_equal_ftbptt():
+    """Nothing above an LSTM reads c: e_t is zero on the c half and a diagonal feedback keeps it
+    zero; tied / gate feedbacks ([0; f]) therefore leave the LSTM at FT-BPTT (module docstring)."""
+    model = sequence_model(cell="lstm", depth=2)
+    x, y = sequence_batch()
+    _, ft = grads_of(trainers.build_engine("ftbptt"), model, x, y)
+    for feedback in ("tied", "gate"):
+        _, got = grads_of(trainers.build_engine("dsf", feedback=feedback), model, x, y)
+        assert_grads_close(got, ft, rtol=1e-14)
+    _, lin = grads_of(trainers.build_engine("dsf"), model, x, y)  # the h half's linspace channels do act
+    assert max(((lin[n] - ft[n]).norm() / ft[n].norm()).item() for n in ft) > 1e-3
+
+
 # ---------------------------------------------------------------- causality
 
 
@@ -292,6 +305,9 @@ def test_incompatible_models_are_refused_with_one_line():
     with pytest.raises(trainers.IncompatibleModelError, match="diagonal direct path"):
         trainers.build_engine("dsf", feedback="tied").check(rnn)
     trainers.build_engine("dsf").check(rnn)  # linspace is fine on any cell
+    rnn.recurrent_layers.append(torch.nn.Linear(6, 6))
+    with pytest.raises(trainers.IncompatibleModelError, match="RecurrentLayer protocol"):
+        trainers.build_engine("dsf").check(rnn)
 
 
 def test_cli_refuses_dsf_on_an_mlp_with_exit_2(tmp_path, capsys):

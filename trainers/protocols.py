@@ -15,7 +15,8 @@ protocols by having the named attributes. Engines check them with
   diagonal). Zoo: ``residual_mlp``.
 * ``RecurrentLayer`` (DSF, FT-BPTT, Highway-BP over time): a one-step cell
   ``h_t = cell(x_t, h_{t-1})`` and a fast whole-sequence forward sharing its
-  weights. Zoo: the layers of ``models.recurrent`` (in ``rnn_lm``, ``rnn_block_lm``).
+  weights. Zoo: the layers of ``models.recurrent``; models expose them, bottom
+  to top, as the ``nn.ModuleList`` ``recurrent_layers`` (``rnn_lm``, ``rnn_block_lm``).
 """
 
 from collections.abc import Callable, Sequence
@@ -48,11 +49,19 @@ class ResidualStack(Protocol):
 
 @runtime_checkable
 class RecurrentLayer(Protocol):
+    state_size: int  # d (2d for the LSTM's [h; c])
+
     def cell(self, x_t: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
         """One step, batched over any leading dims: (N, d_in), (N, d) -> (N, d)."""
 
+    def cell_with_gate(self, x_t: torch.Tensor, h_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step and the diagonal of its direct path d s_t / d s_{t-1} (the gate), from one evaluation."""
+
     def forward_sequence(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
         """All states at once (fused kernel where one exists): (B, T, d_in) -> (B, T, d)."""
+
+    def output(self, states: torch.Tensor) -> torch.Tensor:
+        """What the layer above sees of the states (the h half for the LSTM)."""
 
 
 def require(model: nn.Module, protocol: type, engine: str, need: str, zoo: str) -> None:

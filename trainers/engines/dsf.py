@@ -48,12 +48,12 @@ from models.scan import METHODS, reverse_scan
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
+from trainers.protocols import RecurrentLayer
 from trainers.registry import register_engine
 
 __all__ = ["TimeParallel", "FTBPTT", "DSF"]
 
 _ZOO = "rnn_lm, rnn_block_lm"
-_LAYER_METHODS = ("forward_sequence", "cell", "cell_with_gate", "output")
 
 
 class TimeParallel(GradientEngine):
@@ -66,11 +66,10 @@ class TimeParallel(GradientEngine):
                 f"trainer '{self.name}' needs a model with recurrent layers (an nn.ModuleList "
                 f"'recurrent_layers'); {type(model).__name__} has none (zoo models that qualify: {_ZOO})")
         for layer in layers:
-            missing = [m for m in _LAYER_METHODS if not callable(getattr(layer, m, None))]
-            if missing:
+            if not isinstance(layer, RecurrentLayer):
                 raise IncompatibleModelError(
-                    f"trainer '{self.name}': recurrent layer {type(layer).__name__} lacks "
-                    f"{', '.join(missing)} (layers that qualify: models.recurrent)")
+                    f"trainer '{self.name}' needs recurrent layers with the RecurrentLayer protocol "
+                    f"(trainers/protocols.py); {type(layer).__name__} is not one (layers that qualify: models.recurrent)")
 
     # -- the feedback, per layer: None (no scan) or coefficients broadcastable to (B, T, state)
     needs_gate = False
