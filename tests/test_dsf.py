@@ -337,3 +337,27 @@ def test_trainer_trains_a_tiny_ptb_char_model(spec, tmp_path):
     assert report["best_val"]["perplexity"] < task.num_outputs  # learned something: better than uniform
     assert all(p is q for p, q in zip(model.parameters(), trainer.model.parameters()))
 
+
+
+def test_resume_restores_the_gate_feedback_state(tmp_path):
+    """feedback=gate keeps running sums between refreshes: a resumed run must continue them exactly."""
+    task = tasks.build("copy", n_symbols=3, length=2, delay=3, n_train=32, n_val=8, n_test=8)
+
+    def trainer(folder):
+        torch.manual_seed(0)
+        model = models.build("rnn_lm", in_features=task.in_features, out_features=task.num_outputs, vocab_size=5,
+                             cell="gru", hidden=8, depth=2)
+        return trainers.Trainer(model, trainers.build_engine("dsf", feedback="gate", refresh=3), task,
+                                logdir=tmp_path / folder, progress=False, batch_size=8, lr=1e-2, seed=0,
+                                checkpoint_every=1)
+
+    whole = trainer("whole")
+    whole.fit(steps=8)
+    first = trainer("resumed")
+    first.fit(steps=5)
+    resumed = trainer("resumed")
+    resumed.fit(steps=8, resume=True)
+    assert resumed.engine.steps == 8
+    torch.testing.assert_close(resumed.engine.a[1], whole.engine.a[1], rtol=0, atol=0)
+    for pa, pb in zip(whole.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(pa, pb)
