@@ -247,3 +247,10 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert records(tmp_path / "killed") == records(tmp_path / "whole")
     result = lambda root: json.loads((root / "e" / "backprop" / "seed0" / "result.json").read_text())["test"]  # noqa: E731
     assert result(tmp_path / "killed") == result(tmp_path / "whole")
+
+
+def test_compare_names_its_experiment_after_the_task(tmp_path):
+    assert compare_main(["--trainers", "backprop", "--task", "teacher", "--steps", "1", "--seeds", "0",
+                         "--logdir", str(tmp_path), "--progress", "false"]) == 0
+    assert (tmp_path / "compare-teacher" / "summary.md").exists()
+    assert not (tmp_path / "compare-digits").exists()

@@ -148,7 +148,7 @@ def train_main(argv=None) -> int:
 DEFAULT_COMPARISON = dict(
     task="digits", model="mlp", model_depth=4, model_width="64", model_activation="tanh",
     model_orthogonal="bjorck", epochs=30, seeds="0,1,2", lr=1e-3, batch_size=64,
-    grad_agreement_every=10, experiment="compare-digits",
+    grad_agreement_every=10,
 )
 
 
@@ -178,7 +178,7 @@ def compare_main(argv=None) -> int:
     parser.add_argument("--trainers", default=None,
                         help="comma list of trainers (default: every trainer compatible with the model)")
     parser.add_argument("--seeds", help="comma list of seeds")
-    parser.add_argument("--experiment", help="experiment folder under --logdir")
+    parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
     model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
     parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
                            if not (model_given and k.startswith("model"))})
@@ -193,7 +193,7 @@ def compare_main(argv=None) -> int:
             names = [t for t in available() if compatible(t, probe)]
         else:
             names = [t.strip() for t in args.trainers.split(",") if t.strip()]
-        experiment = args.experiment
+        experiment = args.experiment or f"compare-{args.task}"
         if args.run_name is not None and len(names) != 1:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
         out = run_comparison(lambda t, s: build_from_args(args, t, s), names, seeds, logdir=args.logdir,
