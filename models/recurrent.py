@@ -26,6 +26,8 @@ Every layer here has the same interface (``trainers.protocols.RecurrentLayer`` a
     - DiagonalLinearRNN: lambda, broadcast to (N, d): the exact, diagonal Jacobian.
     - TanhRNN: zeros (no diagonal direct path: h_t = tanh(W_ih x + W_hh h_{t-1} + b)).
 * ``cell_with_gate(x_t, h_prev) -> (s_t, gate)``: both from one evaluation of the gates.
+  The LSTM also splits its step into ``cell_carry`` (c_t and the gates) and ``readout``
+  (h_t = o_t tanh c_t), so an engine can act on the error at c_t after the h readout.
 * ``has_diagonal_path``: False for the tanh RNN (its gate is identically zero).
 * ``forward(x, h0=None) = output(forward_sequence(x, h0))``: a plain module (B, T, d_in) ->
   (B, T, d). The LSTM's ``forward`` takes the fused h directly (same values, skips c).
@@ -158,10 +160,20 @@ class LSTM(_FusedRecurrent):
         return torch.cat([torch.zeros_like(f), f], dim=-1)
 
     def cell_with_gate(self, x_t, h_prev):
+        c_new, o, f = self.cell_carry(x_t, h_prev)
+        return self.readout(c_new, o), torch.cat([torch.zeros_like(f), f], dim=-1)
+
+    def cell_carry(self, x_t, h_prev):
+        """(c_t, o_t, f_t): the new cell state before the h readout, the output and forget gates.
+
+        d c_t / d c_{t-1} = diag(f_t) exactly: the carry path of the state."""
         h, c = self._split(h_prev)
         i, f, g, o = self._gates(x_t, h)
-        c_new = f * c + i * g
-        return torch.cat([o * torch.tanh(c_new), c_new], dim=-1), torch.cat([torch.zeros_like(f), f], dim=-1)
+        return f * c + i * g, o, f
+
+    def readout(self, c, o):
+        """The state [h; c] with h = o * tanh(c)."""
+        return torch.cat([o * torch.tanh(c), c], dim=-1)
 
     def output(self, states):
         return states[..., : self.hidden_size]

@@ -193,17 +193,24 @@ def test_linspace_feedback_is_the_closed_form_on_one_diagonal_layer():
     torch.testing.assert_close(grad_B, torch.einsum("btd,bti->di", g, u), rtol=1e-12, atol=1e-14)
 
 
-def test_lstm_cell_half_receives_no_error_so_gate_feedbacks_equal_ftbptt():
-    """Nothing above an LSTM reads c: e_t is zero on the c half and a diagonal feedback keeps it
-    zero; tied / gate feedbacks ([0; f]) therefore leave the LSTM at FT-BPTT (module docstring)."""
-    model = sequence_model(cell="lstm", depth=2)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_lstm_tied_feedback_runs_on_the_cell_state_and_is_bptt_when_w_hh_is_zero(shape):
+    """With W_hh = 0 the gates do not read h_{t-1}: the only path through time is
+    c_t = f_t c_{t-1} + i_t g_t, and tied DSF (a_t = f_{t+1} on the error at c_t after the h
+    readout) is exact BPTT. Nothing above reads c, so the feedback must act after the readout."""
+    model = sequence_model(shape, cell="lstm", depth=2)
+    with torch.no_grad():
+        for layer in model.recurrent_layers:
+            layer.rnn.weight_hh_l0.zero_()
     x, y = sequence_batch()
+    _, exact = grads_of(trainers.build_engine("backprop"), model, x, y)
+    _, tied = grads_of(trainers.build_engine("dsf", feedback="tied"), model, x, y)
+    assert_grads_close(tied, exact, rtol=1e-10)
     _, ft = grads_of(trainers.build_engine("ftbptt"), model, x, y)
-    for feedback in ("tied", "gate"):
+    for feedback in ("gate", "linspace"):  # stationary feedbacks act too, and are not exact
         _, got = grads_of(trainers.build_engine("dsf", feedback=feedback), model, x, y)
-        assert_grads_close(got, ft, rtol=1e-14)
-    _, lin = grads_of(trainers.build_engine("dsf"), model, x, y)  # the h half's linspace channels do act
-    assert max(((lin[n] - ft[n]).norm() / ft[n].norm()).item() for n in ft) > 1e-3
+        assert max(((got[n] - ft[n]).norm() / ft[n].norm()).item() for n in ft) > 1e-3
+        assert max(((got[n] - exact[n]).norm() / exact[n].norm()).item() for n in ft) > 1e-3
 
 
 # ---------------------------------------------------------------- causality

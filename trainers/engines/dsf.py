@@ -26,13 +26,17 @@ Stacked layers each apply their own feedback; everything outside the recurrent l
 * ``constant``: a = ``decay`` in every channel (0 is FT-BPTT, 1 an undecayed reverse cumsum).
 * ``tied``: a_t = the layer's own gate at step t+1 (``cell_with_gate``): lambda for the
   diagonal linear RNN, where DSF is then exact BPTT; the update gate z_{t+1} for the GRU
-  and [0; f_{t+1}] for the LSTM, the diagonal direct-path part of their Jacobian
-  (per sample and per step, so not stationary; beyond the paper).
+  (exact when W_hh = 0), the diagonal direct-path part of its Jacobian (per sample and
+  per step, so not stationary; beyond the paper).
 * ``gate``: a stationary a = the gate's mean over batch, time and the ``refresh`` steps
   since the last refresh, refreshed every ``refresh`` steps (beyond the paper).
 
-For the LSTM the state is [h; c] and nothing above reads c, so e_t is zero on the c half
-and a diagonal feedback leaves it zero: only the h half's channels feed back.
+LSTM (state [h; c]): nothing above a layer reads c, so the error reaching the state is
+zero on its c half. ``linspace`` and ``constant`` act on [h; c] as the authors' code does
+(so only the h half's channels matter); ``tied`` and ``gate`` act instead on the carry
+path: on the error at c_t after the h readout h_t = o_t tanh c_t (``cell_carry`` /
+``readout``), with a_t = f_{t+1} (or its mean), since d c_{t+1} / d c_t = diag(f_{t+1});
+exact BPTT when W_hh = 0.
 
 ``ftbptt`` (fully truncated BPTT) is the same step with a = 0: no scan at all.
 """
@@ -71,11 +75,18 @@ class TimeParallel(GradientEngine):
                     f"trainer '{self.name}' needs recurrent layers with the RecurrentLayer protocol "
                     f"(trainers/protocols.py); {type(layer).__name__} is not one (layers that qualify: models.recurrent)")
 
-    # -- the feedback, per layer: None (no scan) or coefficients broadcastable to (B, T, state)
-    needs_gate = False
+    needs_gate = False  # coefficients need the cell's gate
 
-    def coefficients(self, index: int, layer: nn.Module, gate: torch.Tensor | None) -> torch.Tensor | None:
+    def coefficients(self, index: int, gate: torch.Tensor | None, size: int | None = None,
+                     device: torch.device | None = None) -> torch.Tensor | None:
+        """a for layer ``index``: None (no scan), or broadcastable to its (B, T, size) states."""
         return None
+
+    def _feed_back(self, states: torch.Tensor, a: torch.Tensor | None) -> None:
+        """Replace the error reaching ``states`` (B, T, n) by its reverse scan with ``a``."""
+        if a is not None and states.requires_grad:
+            method, a = self.scan_method(), a.to(states.dtype)
+            states.register_hook(lambda e: reverse_scan(e, a, dim=1, method=method))
 
     def scan_method(self) -> str:
         return "auto"
@@ -88,17 +99,17 @@ class TimeParallel(GradientEngine):
             first = states.new_zeros(B, 1, states.shape[2]) if h0 is None else h0.to(states.dtype)[:, None]
             prev = torch.cat([first, states[:, :-1]], dim=1)  # s_0 .. s_{T-1}, detached
             flat_x, flat_prev = x.reshape(B * T, -1), prev.reshape(B * T, -1)
+            if self.needs_gate and hasattr(layer, "cell_carry"):  # LSTM: feed back on c after the h readout
+                carry, o, gate = (t.reshape(B, T, -1) for t in layer.cell_carry(flat_x, flat_prev))
+                self._feed_back(carry, self.coefficients(index, gate.detach()))
+                return layer.output(layer.readout(carry, o))
             if self.needs_gate:
                 local, gate = layer.cell_with_gate(flat_x, flat_prev)
                 gate = gate.detach().reshape(B, T, -1)
             else:
                 local, gate = layer.cell(flat_x, flat_prev), None
             local = local.reshape(B, T, -1)
-            a = self.coefficients(index, layer, gate)
-            if a is not None and local.requires_grad:
-                method = self.scan_method()
-                a = a.to(local.dtype)
-                local.register_hook(lambda e: reverse_scan(e, a, dim=1, method=method))
+            self._feed_back(local, self.coefficients(index, gate, layer.state_size, local.device))
             return layer.output(local)
 
         return forward
@@ -176,9 +187,8 @@ class DSF(TimeParallel):
     def scan_method(self):
         return self.options.scan
 
-    def coefficients(self, index, layer, gate):
-        kind, size = self.options.feedback, layer.state_size
-        device = next(layer.parameters()).device
+    def coefficients(self, index, gate, size=None, device=None):
+        kind = self.options.feedback
         if kind in ("linspace", "constant"):  # fixed: built once per (size, device)
             key = (size, device)
             if key not in self.fixed:
