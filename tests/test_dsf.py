@@ -71,6 +71,14 @@ def sequence_batch(seed=1, steps=T):
     return x, y
 
 
+def zero_recurrent_weights(model):
+    """W_hh = 0 in every fused layer: the gates no longer read h_{t-1}."""
+    with torch.no_grad():
+        for layer in model.recurrent_layers:
+            layer.rnn.weight_hh_l0.zero_()
+    return model
+
+
 def grads_of(engine, model, x, y, loss_fn=sequence_cross_entropy):
     out = engine.compute_grads(model, x, y, loss_fn)
     return out, {n: p.grad.clone() for n, p in trainable_parameters(model)}
@@ -127,10 +135,7 @@ def test_tied_exactness_holds_for_every_scan_form(scan):
 
 def test_gru_with_zero_recurrent_weights_is_exact_with_tied_update_gate():
     """With W_hh = 0 the GRU's Jacobian is exactly diag(z_t): tied DSF equals BPTT, W_hh's grad included."""
-    model = sequence_model(cell="gru", depth=2)
-    with torch.no_grad():
-        for layer in model.recurrent_layers:
-            layer.rnn.weight_hh_l0.zero_()
+    model = zero_recurrent_weights(sequence_model(cell="gru", depth=2))
     x, y = sequence_batch()
     _, exact = grads_of(trainers.build_engine("backprop"), model, x, y)
     _, dsf = grads_of(trainers.build_engine("dsf", feedback="tied"), model, x, y)
@@ -198,10 +203,7 @@ def test_lstm_tied_feedback_runs_on_the_cell_state_and_is_bptt_when_w_hh_is_zero
     """With W_hh = 0 the gates do not read h_{t-1}: the only path through time is
     c_t = f_t c_{t-1} + i_t g_t, and tied DSF (a_t = f_{t+1} on the error at c_t after the h
     readout) is exact BPTT. Nothing above reads c, so the feedback must act after the readout."""
-    model = sequence_model(shape, cell="lstm", depth=2)
-    with torch.no_grad():
-        for layer in model.recurrent_layers:
-            layer.rnn.weight_hh_l0.zero_()
+    model = zero_recurrent_weights(sequence_model(shape, cell="lstm", depth=2))
     x, y = sequence_batch()
     _, exact = grads_of(trainers.build_engine("backprop"), model, x, y)
     _, tied = grads_of(trainers.build_engine("dsf", feedback="tied"), model, x, y)
