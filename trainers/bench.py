@@ -39,6 +39,7 @@ import tasks
 from models.orthogonal import project_
 from trainers.engines.backprop import Backprop
 from trainers.options import parse_key_values
+from trainers.protocols import recurrent_forwards
 from trainers.registry import build_engine
 from models.scan import METHODS as SCAN_METHODS
 from models.scan import reverse_scan
@@ -193,25 +194,19 @@ class _LoopBPTT(Backprop):
     name = "bptt_loop"
 
     @staticmethod
-    def _looped(layer):
+    def _looped(index, layer):
         def forward(x, h0=None):
             h = x.new_zeros(x.shape[0], layer.state_size) if h0 is None else h0
             states = []
-            for t in range(x.shape[1]):
+            for t in range(x.shape[1]):  # the point of this baseline: one cell call per step
                 h = layer.cell(x[:, t], h)
                 states.append(h)
             return layer.output(torch.stack(states, dim=1))
         return forward
 
     def compute_grads(self, model, inputs, targets, loss_fn):
-        layers = list(model.recurrent_layers)
-        try:
-            for layer in layers:
-                layer.forward = self._looped(layer)
+        with recurrent_forwards(model, self._looped):
             return super().compute_grads(model, inputs, targets, loss_fn)
-        finally:
-            for layer in layers:
-                layer.__dict__.pop("forward", None)
 
 
 def _time_steps(step, steps, warmup, device) -> float:

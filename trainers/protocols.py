@@ -19,7 +19,8 @@ protocols by having the named attributes. Engines check them with
   to top, as the ``nn.ModuleList`` ``recurrent_layers`` (``rnn_lm``, ``rnn_block_lm``).
 """
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -27,7 +28,7 @@ import torch.nn as nn
 
 from trainers.errors import IncompatibleModelError
 
-__all__ = ["LayerStack", "ResidualStack", "RecurrentLayer", "require"]
+__all__ = ["LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards"]
 
 
 @runtime_checkable
@@ -70,3 +71,18 @@ def require(model: nn.Module, protocol: type, engine: str, need: str, zoo: str) 
         raise IncompatibleModelError(
             f"trainer '{engine}' needs {need}; {type(model).__name__} is not one (zoo models that qualify: {zoo})"
         )
+
+
+@contextlib.contextmanager
+def recurrent_forwards(model: nn.Module, make_forward: Callable[[int, nn.Module], Callable]) -> Iterator[nn.Module]:
+    """Within the context, layer i of ``model.recurrent_layers`` runs ``make_forward(i, layer)``
+    instead of its own forward (an instance attribute, removed on exit, even on error); the
+    model's own forward, residuals and head are untouched and no Parameter is replaced."""
+    layers = list(model.recurrent_layers)
+    try:
+        for i, layer in enumerate(layers):
+            layer.forward = make_forward(i, layer)
+        yield model
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)

@@ -41,7 +41,6 @@ exact BPTT when W_hh = 0.
 ``ftbptt`` (fully truncated BPTT) is the same step with a = 0: no scan at all.
 """
 
-import contextlib
 import dataclasses
 from typing import Literal
 
@@ -52,7 +51,7 @@ from models.scan import METHODS, reverse_scan
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
-from trainers.protocols import RecurrentLayer
+from trainers.protocols import RecurrentLayer, recurrent_forwards
 from trainers.registry import register_engine
 
 __all__ = ["TimeParallel", "FTBPTT", "DSF"]
@@ -114,18 +113,10 @@ class TimeParallel(GradientEngine):
 
         return forward
 
-    @contextlib.contextmanager
     def time_parallel(self, model: nn.Module):
-        """Within this context, every recurrent layer of ``model`` runs the DSF / FT-BPTT step."""
+        """Context in which every recurrent layer of ``model`` runs the DSF / FT-BPTT step."""
         self.check(model)
-        layers = list(model.recurrent_layers)
-        try:
-            for i, layer in enumerate(layers):
-                layer.forward = self._layer_forward(i, layer)  # instance attribute, removed below
-            yield model
-        finally:
-            for layer in layers:
-                layer.__dict__.pop("forward", None)
+        return recurrent_forwards(model, self._layer_forward)
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         params = [p for _, p in trainable_parameters(model)]
