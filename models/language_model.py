@@ -57,7 +57,31 @@ def _positive(name, value, allow_none=False):
 
 
 class _SequenceModel(nn.Module):
-    """Options, input stem and head shared by both models."""
+    """Options, input stem, head and initialisation shared by both models; subclasses add
+    their layers in ``_build_layers`` (``recurrent_layers`` first) and define ``forward``."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        vocab_size: int | None = None,
+        input_dim: int | None = None,
+        cell: str = "gru",
+        hidden: int = 256,
+        depth: int = 1,
+        dropout: float = 0.0,
+        tie_weights: bool = False,
+        per_step: bool | None = None,
+    ):
+        super().__init__()
+        self._setup(in_features, out_features, vocab_size, input_dim, cell, hidden, depth, dropout,
+                    tie_weights, per_step)
+        self._build_layers(cell, hidden, depth)
+        self._init_weights()
+
+    def _build_layers(self, cell: str, d: int, depth: int) -> None:
+        raise NotImplementedError
 
     def _setup(self, in_features, out_features, vocab_size, input_dim, cell, hidden, depth, dropout,
                tie_weights, per_step):
@@ -127,25 +151,8 @@ class _SequenceModel(nn.Module):
 class RecurrentLM(_SequenceModel):
     """Embedding / input projection -> ``depth`` residual recurrent layers -> Linear head."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        vocab_size: int | None = None,
-        input_dim: int | None = None,
-        cell: str = "gru",
-        hidden: int = 256,
-        depth: int = 1,
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        per_step: bool | None = None,
-    ):
-        super().__init__()
-        self._setup(in_features, out_features, vocab_size, input_dim, cell, hidden, depth, dropout,
-                    tie_weights, per_step)
-        self.recurrent_layers = nn.ModuleList(build_cell(cell, hidden, hidden) for _ in range(depth))
-        self._init_weights()
+    def _build_layers(self, cell, d, depth):
+        self.recurrent_layers = nn.ModuleList(build_cell(cell, d, d) for _ in range(depth))
 
     def forward(self, x):
         x = self.input_features(x)  # (B, T, hidden)
@@ -157,24 +164,7 @@ class RecurrentLM(_SequenceModel):
 class RecurrentBlockLM(_SequenceModel):
     """Pre-LayerNorm blocks: x += Linear(RNN(LN x)); x += MLP(LN x); then LN and the head."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        vocab_size: int | None = None,
-        input_dim: int | None = None,
-        cell: str = "gru",
-        hidden: int = 256,
-        depth: int = 1,
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        per_step: bool | None = None,
-    ):
-        super().__init__()
-        self._setup(in_features, out_features, vocab_size, input_dim, cell, hidden, depth, dropout,
-                    tie_weights, per_step)
-        d = hidden
+    def _build_layers(self, cell, d, depth):
         self.recurrent_layers = nn.ModuleList(build_cell(cell, d, d) for _ in range(depth))
         self.rnn_norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(depth))
         self.rnn_projs = nn.ModuleList(nn.Linear(d, d) for _ in range(depth))
@@ -183,8 +173,10 @@ class RecurrentBlockLM(_SequenceModel):
             nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(depth)
         )
         self.final_norm = nn.LayerNorm(d)
-        self._init_weights()
-        scaled = 0.02 / math.sqrt(2 * depth)  # GPT-2 style: last Linear of each residual branch
+
+    def _init_weights(self):
+        super()._init_weights()
+        scaled = 0.02 / math.sqrt(2 * self.depth)  # GPT-2 style: last Linear of each residual branch
         for proj, mlp in zip(self.rnn_projs, self.mlps):
             nn.init.normal_(proj.weight, std=scaled)
             nn.init.normal_(mlp[-1].weight, std=scaled)
