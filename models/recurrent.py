@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from models.errors import ModelConfigError
 from models.scan import forward_scan
 
-__all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell"]
+__all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell", "previous_states"]
 
 
 def _check_sizes(input_size, hidden_size) -> None:
@@ -255,3 +255,10 @@ def build_cell(cell: str, input_size: int, hidden_size: int, bias: bool = True) 
     if cell not in CELLS:
         raise ModelConfigError(f"unknown cell {cell!r}; choose one of {', '.join(CELLS)}")
     return CELLS[cell](input_size, hidden_size, bias=bias)
+
+
+def previous_states(states: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+    """s_0 .. s_{T-1} from the states s_1 .. s_T (B, T, n), detached: the inputs of a
+    time-parallel recompute of the cell on all B*T pairs (x_t, s_{t-1}) at once."""
+    first = states.new_zeros(states.shape[0], 1, states.shape[2]) if h0 is None else h0.to(states.dtype)[:, None]
+    return torch.cat([first, states[:, :-1]], dim=1).detach()

@@ -47,6 +47,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
@@ -95,8 +96,7 @@ class TimeParallel(GradientEngine):
             with torch.no_grad():
                 states = layer.forward_sequence(x, h0)  # (B, T, state), fused, no graph
             B, T = states.shape[:2]
-            first = states.new_zeros(B, 1, states.shape[2]) if h0 is None else h0.to(states.dtype)[:, None]
-            prev = torch.cat([first, states[:, :-1]], dim=1)  # s_0 .. s_{T-1}, detached
+            prev = previous_states(states, h0)  # s_0 .. s_{T-1}, detached
             flat_x, flat_prev = x.reshape(B * T, -1), prev.reshape(B * T, -1)
             if self.needs_gate and hasattr(layer, "cell_carry"):  # LSTM: feed back on c after the h readout
                 carry, o, gate = (t.reshape(B, T, -1) for t in layer.cell_carry(flat_x, flat_prev))

@@ -1,0 +1,358 @@
+"""Highway backpropagation: iterative gradient propagation along the residual path.
+
+Fagnou, Caillon, Delattre, Allauzen, "Accelerated Training through Iterative Gradient
+Propagation Along the Residual Path", ICLR 2025 (arXiv 2501.17086). Each layer is
+h_i = r_i(h_{i-1}, g_i(h_{i-1})): an expensive branch g_i and a cheap element-wise
+combine r_i, so d h_i / d h_{i-1} = J_i + K_i with K_i = d r_i / d h diagonal. With
+local loss gradients e_i = dL_i/dh_i (Eq. 6, 7, 9; row vectors multiplied on the right):
+
+    w^0   = CumSumProd(e, K):                  w_i^0 = e_i + w_{i+1}^0 K_{i+1}
+    d^0   = w^0,  d^{m+1} = CumSumProd(v, K),  v_i = d_{i+1}^m J_{i+1}   (one batched VJP round)
+    w^k   = d^0 + ... + d^k                    (d^m: the paths crossing exactly m branches)
+
+CumSumProd is ``models.scan.reverse_scan`` with a_i = K_{i+1} (the shift that fixes the
+off-by-one of the paper's Algorithm 1). w_i^k is exact once k >= L - i, so k >= L is exact
+backprop; the parameters get dL/dtheta_i = (w_i^k d r_i/d z) dg_i/dtheta_i: k + 1 VJP
+rounds in all, k = 0 included. Options beyond the paper: ``tol`` stops when
+||d^k|| / ||w^k|| <= tol (k is then the cap; the k used is logged as ``engine/highway_k``);
+``mode=fpi`` is the paper's fixed-point-iteration baseline (K = 0, J = the whole layer
+Jacobian, i.e. gamma = 1).
+
+Two structures (``trainers.protocols``):
+
+* ``ResidualStack`` (residual_mlp, resnet, gpt): depth is the layer index; states s_0 (the
+  stem's output) .. s_L (the head's input) of one shape; only the head has a loss.
+  ``path=batched`` runs the clean forward without a graph, then recomputes every branch in
+  one ``torch.func.vmap`` call per group of blocks with the same class and shapes
+  (``stack_module_state`` + ``functional_call``), so each VJP round is one batched call per
+  group; ``path=reference`` keeps one graph per block from the forward and loops over
+  blocks (the test oracle; also the fallback when dropout is active, whose masks a
+  recompute would redraw). ``auto`` picks batched when it can.
+* ``recurrent_layers`` (rnn_lm, rnn_block_lm, GRU/LSTM): time is the depth (Sec. 5.2).
+  In each layer the fused forward runs without a graph, the cell is recomputed on all B*T
+  pairs (x_t, s_{t-1}) at once with s_{t-1} a leaf, and a gradient hook on the states
+  replaces the per-step errors e_t (from the layers above, exact) by w^k: each VJP round
+  is one batched VJP of the cell, v_t = w_{t+1} (d s_{t+1}/d s_t) - w_{t+1} K_{t+1}, with
+  K_t the gate of ``cell_with_gate`` (GRU: the update gate; LSTM: [0; forget gate] on
+  [h; c], the paper's Table 1). Layers are handled top down by autograd, so a stacked
+  model's layer below receives dL/dx_t of the layer above as its local errors.
+  ``path=reference`` evaluates the cell step by step (one graph and one VJP per step).
+"""
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from models.recurrent import previous_states
+from models.scan import METHODS, reverse_scan
+from trainers.engine import GradientEngine, StepOutput, trainable_parameters
+from trainers.errors import ConfigError, IncompatibleModelError
+from trainers.options import option
+from trainers.protocols import RecurrentLayer, ResidualStack, recurrent_forwards
+from trainers.registry import register_engine
+
+__all__ = ["Highway", "highway_iterations"]
+
+_ZOO = "residual_mlp, resnet, gpt (residual stacks); rnn_lm, rnn_block_lm (time as depth)"
+
+
+def _shift(w: torch.Tensor, dim: int) -> torch.Tensor:
+    """w_{j+1} at position j along ``dim``; zero at the last position."""
+    n = w.shape[dim]
+    return torch.cat([w.narrow(dim, 1, n - 1), torch.zeros_like(w.narrow(dim, 0, 1))], dim=dim)
+
+
+def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[torch.Tensor], torch.Tensor], *,
+                       k: int, tol: float = 0.0, fpi: bool = False, dim: int = 0,
+                       method: str = "auto") -> tuple[torch.Tensor, int, float]:
+    """w^k along ``dim`` (module docstring): (w^k, iterations run, last ||d|| / ||w|| or 0).
+
+    Args:
+        e: the local loss gradients e_j at every position j.
+        carry: a_j = K_{j+1}, the diagonal that carries w_{j+1} back to j (broadcastable
+            to ``e``; its last position is unused).
+        back: the linear map w -> v with v_j = w_{j+1} J_{j+1} (zero at the last position):
+            one VJP round through every branch at once.
+        k: iterations; at most n - 1 run (no path crosses more branches).
+        tol: if > 0, stop once ||d^m|| <= tol ||w^m|| (k is the cap).
+        fpi: the fixed-point-iteration baseline: K = 0 and J_j + K_j in place of J_j.
+    """
+    if fpi:
+        branch_back = back
+
+        def back(w):  # the whole layer Jacobian: J + K
+            return branch_back(w) + carry * _shift(w, dim)
+
+        def scan(v):  # K = 0: CumSumProd is the identity
+            return v
+    else:
+        def scan(v):
+            return reverse_scan(v, carry, dim=dim, method=method)
+    w = delta = scan(e)
+    used, rel = 0, 0.0
+    for _ in range(min(k, e.shape[dim] - 1)):
+        delta = scan(back(delta))
+        w = w + delta
+        used += 1
+        if tol > 0:
+            rel = float(delta.norm() / w.norm().clamp_min(torch.finfo(w.dtype).tiny))
+            if rel <= tol:
+                break
+    return w, used, rel
+
+
+def _combine_derivatives(blocks, X: torch.Tensor, Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Diagonals of d r_i/d h (K_i) and d r_i/d z at the stacked (n, B, ...) inputs X and branch
+    outputs Z: one autograd call, exact because every combine is element-wise."""
+    X, Z = X.detach().requires_grad_(), Z.detach().requires_grad_()
+    with torch.enable_grad():
+        H = torch.stack([block.combine(x, z) for block, x, z in zip(blocks, X, Z)])
+        return torch.autograd.grad(H, (X, Z), torch.ones_like(H))
+
+
+def _dropout_active(module: nn.Module) -> bool:
+    return module.training and any(getattr(m, "p", 0.0) > 0 for m in module.modules()
+                                   if "Dropout" in type(m).__name__)
+
+
+class _Branches(nn.Module):
+    """Calls ``block.branch`` as its forward, for ``functional_call``."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return self.block.branch(x)
+
+
+def _groups(blocks) -> list[list[int]]:
+    """Indices of blocks with the same class and parameter / buffer shapes, in order of appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i, block in enumerate(blocks):
+        key = (type(block), tuple((n, t.shape, t.dtype) for n, t in block.named_parameters()),
+               tuple((n, t.shape) for n, t in block.named_buffers()))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+class _ReferenceDepth:
+    """One graph per block from the forward; one VJP per block per round (the oracle)."""
+
+    def __init__(self, model, h0):
+        blocks = list(model.blocks)
+        self.blocks, self.inputs, self.branches = blocks, [], []
+        h = h0.detach()
+        for block in blocks:
+            x = h.requires_grad_()
+            z = block.branch(x)
+            self.inputs.append(x)
+            self.branches.append(z)
+            with torch.no_grad():
+                h = block.combine(x, z)
+        self.top = h
+        self.K, self.Dz = _combine_derivatives(blocks, torch.stack(self.inputs).detach(),
+                                               torch.stack(self.branches).detach())
+
+    def back(self, C):
+        """Cotangents at every block input from the cotangents C (n, B, ...) at the branch outputs."""
+        return torch.stack([torch.autograd.grad(z, x, c, retain_graph=True)[0]
+                            for z, x, c in zip(self.branches, self.inputs, C)])
+
+    def parameter_grads(self, C) -> dict[int, torch.Tensor]:
+        out = {}
+        for block, z, c in zip(self.blocks, self.branches, C):
+            params = [p for p in block.parameters() if p.requires_grad]
+            for p, g in zip(params, torch.autograd.grad(z, params, c, allow_unused=True)):
+                if g is not None:
+                    out[id(p)] = g
+        return out
+
+
+class _BatchedDepth:
+    """Clean forward without a graph, then every group of like blocks recomputed in one vmap call."""
+
+    def __init__(self, model, h0, bases: dict):
+        blocks = list(model.blocks)
+        self.blocks = blocks
+        states = [h0.detach()]
+        with torch.no_grad():
+            for block in blocks:
+                states.append(block(states[-1]))
+        self.top = states[-1].requires_grad_()
+        S = torch.stack(states[:-1])  # (n, B, ...) block inputs s_0 .. s_{n-1}
+        self.groups = []
+        Z = torch.empty_like(S)
+        for idx in _groups(blocks):
+            members = [blocks[i] for i in idx]
+            key = id(members[0])
+            if key not in bases:  # a stateless copy of the block: functional_call swaps in the stacked tensors
+                bases[key] = _Branches(copy.deepcopy(members[0]).to("meta"))
+            base = bases[key]
+            params, buffers = stack_module_state(members)  # leaves; buffers are copies (BN stats land there)
+            params = {"block." + n: p for n, p in params.items()}
+            buffers = {"block." + n: b for n, b in buffers.items()}
+            X = S[idx].requires_grad_()
+            out = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, X)
+            self.groups.append((idx, members, params, X, out))
+            Z[idx] = out.detach()
+        self.K, self.Dz = _combine_derivatives(blocks, S, Z)
+
+    def back(self, C):
+        V = torch.empty_like(C)
+        for idx, _, _, X, out in self.groups:
+            V[idx] = torch.autograd.grad(out, X, C[idx], retain_graph=True)[0]
+        return V
+
+    def parameter_grads(self, C) -> dict[int, torch.Tensor]:
+        out = {}
+        for idx, members, params, _, Z in self.groups:
+            names = [n for n, p in params.items() if p.requires_grad]
+            grads = torch.autograd.grad(Z, [params[n] for n in names], C[idx], allow_unused=True)
+            for name, g in zip(names, grads):
+                if g is None:
+                    continue
+                for j, block in enumerate(members):
+                    out[id(block.get_parameter(name[len("block."):]))] = g[j]
+        return out
+
+
+@register_engine("highway")
+class Highway(GradientEngine):
+    """Highway-BP with k iterations (module docstring)."""
+
+    @dataclasses.dataclass
+    class Options:
+        k: int = option(4, "Highway-BP iterations (k >= depth, or >= sequence length, is exact backprop)")
+        tol: float = option(0.0, "adaptive: stop once ||delta^k|| / ||w^k|| <= tol (k is then the cap); 0: off")
+        mode: Literal["highway", "fpi"] = option(
+            "highway", "highway, or fpi: the fixed-point-iteration baseline (K = 0, whole-layer Jacobians)")
+        path: Literal["auto", "batched", "reference"] = option(
+            "auto", "batched VJPs (vmap over like blocks / all time steps) or one VJP per block (reference)")
+        scan: Literal[METHODS] = option("auto", "CumSumProd form (auto: sequential on CPU, chunked on GPU)")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if self.options.k < 0:
+            raise ConfigError(f"--highway-k must be >= 0, got {self.options.k}")
+        if not self.options.tol >= 0:
+            raise ConfigError(f"--highway-tol must be >= 0, got {self.options.tol}")
+        self._bases: dict = {}  # stateless block copies for functional_call, per block
+        self._used: list[int] = []  # iterations run per scan in the last step
+        self._rel: list[float] = []
+
+    def check(self, model: nn.Module) -> None:
+        if isinstance(model, ResidualStack):
+            return
+        layers = getattr(model, "recurrent_layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers) and all(isinstance(m, RecurrentLayer) for m in layers):
+            return
+        raise IncompatibleModelError(
+            f"trainer 'highway' needs a residual stack (stem, blocks with branch/combine, head) or recurrent "
+            f"layers; {type(model).__name__} is neither (zoo models that qualify: {_ZOO})")
+
+    def _iterate(self, e, carry, back, dim):
+        w, used, rel = highway_iterations(e, carry, back, k=self.options.k, tol=self.options.tol,
+                                          fpi=self.options.mode == "fpi", dim=dim, method=self.options.scan)
+        self._used.append(used)
+        self._rel.append(rel)
+        return w
+
+    def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        self.check(model)
+        self._used, self._rel = [], []
+        params = [p for _, p in trainable_parameters(model)]
+        if isinstance(model, ResidualStack):
+            outputs, loss, grads = self._depth_step(model, params, inputs, targets, loss_fn)
+        else:
+            with recurrent_forwards(model, self._time_layer):
+                outputs = model(inputs)
+                loss = loss_fn(outputs, targets)
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+            grads = {id(p): g for p, g in zip(params, grads) if g is not None}
+        for p in params:
+            g = grads.get(id(p))
+            p.grad = torch.zeros_like(p) if g is None else g.detach()
+        return StepOutput(loss=loss.detach(), outputs=outputs.detach())
+
+    # ---- residual stacks: depth is the index ------------------------------------------------
+
+    def _depth_step(self, model, params, inputs, targets, loss_fn):
+        h0 = model.stem(inputs)
+        batched = self.options.path == "batched" or (self.options.path == "auto" and not _dropout_active(model))
+        stack = _BatchedDepth(model, h0, self._bases) if batched else _ReferenceDepth(model, h0)
+        top = stack.top.detach().requires_grad_()
+        outputs = model.head(top)
+        loss = loss_fn(outputs, targets)
+        *head_grads, e_top = torch.autograd.grad(loss, params + [top], allow_unused=True)
+        grads: dict[int, torch.Tensor] = {}
+        _accumulate(grads, params, head_grads)
+
+        # positions s_0 .. s_n; e is zero but at the top; a_j = K_{j+1}
+        n = len(stack.blocks)
+        e = torch.zeros((n + 1, *top.shape), dtype=top.dtype, device=top.device)
+        e[n] = e_top
+        carry = torch.cat([stack.K, torch.zeros_like(stack.K[:1])])
+
+        def back(W):  # v_j = (w_{j+1} dr/dz) dg_{j+1}/dh, v_n = 0
+            return torch.cat([stack.back(W[1:] * stack.Dz), torch.zeros_like(W[:1])])
+
+        W = self._iterate(e, carry, back, dim=0)
+        _accumulate(grads, params, torch.autograd.grad(h0, params, W[0], allow_unused=True))
+        for key, g in stack.parameter_grads(W[1:] * stack.Dz).items():
+            grads[key] = grads[key] + g if key in grads else g
+        return outputs, loss, grads
+
+    # ---- recurrent layers: time is the depth --------------------------------------------------
+
+    def _time_layer(self, index: int, layer: nn.Module):
+        def forward(x, h0=None):
+            with torch.no_grad():
+                states = layer.forward_sequence(x, h0)  # (B, T, n), fused, no graph
+            B, T, size = states.shape
+            prev = previous_states(states, h0).requires_grad_()  # leaf: s_0 .. s_{T-1}
+            if self.options.path == "reference":
+                leaves = [prev[:, t].detach().requires_grad_() for t in range(T)]
+                steps = [layer.cell_with_gate(x[:, t], p) for t, p in enumerate(leaves)]
+                local = torch.stack([s for s, _ in steps], dim=1)
+                gate = torch.stack([g for _, g in steps], dim=1).detach()
+
+                def vjp_prev(W):  # one VJP per step
+                    return torch.stack([torch.autograd.grad(s, p, W[:, t], retain_graph=True)[0]
+                                        for t, ((s, _), p) in enumerate(zip(steps, leaves))], dim=1)
+            else:
+                local, gate = layer.cell_with_gate(x.reshape(B * T, -1), prev.reshape(B * T, size))
+                local, gate = local.reshape(B, T, size), gate.detach().reshape(B, T, size)
+
+                def vjp_prev(W):  # one batched VJP of the cell over all B*T pairs
+                    return torch.autograd.grad(local, prev, W, retain_graph=True)[0]
+            carry = _shift(gate, 1)  # a_t = K_{t+1}
+
+            def back(W):  # v_t = w_{t+1} (J_{t+1} + K_{t+1}) - w_{t+1} K_{t+1}
+                return _shift(vjp_prev(W), 1) - carry * _shift(W, 1)
+
+            out = local.view_as(local)  # the hook sits on this alias, so the inner VJPs on `local` skip it
+            if out.requires_grad:
+                out.register_hook(lambda e: self._iterate(e, carry, back, dim=1))
+            return layer.output(out)
+
+        return forward
+
+    def metrics(self):
+        if not self._used:
+            return {}
+        out = {"highway_k": sum(self._used) / len(self._used)}
+        if self.options.tol > 0:
+            out["highway_delta"] = max(self._rel)
+        return out
+
+
+def _accumulate(grads: dict, params, values) -> None:
+    for p, g in zip(params, values):
+        if g is not None:
+            grads[id(p)] = grads[id(p)] + g if id(p) in grads else g
