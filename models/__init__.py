@@ -13,6 +13,8 @@ from models.registry import available, build, register_model
 from models.residual_mlp import ResidualMLP
 from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
 from models.language_model import RecurrentBlockLM, RecurrentLM
+from models.resnet import ResNet
+from models.transformer import GPT
 
 register_model("mlp")(MLP)
 register_model("residual_mlp")(ResidualMLP)
@@ -20,6 +22,8 @@ register_model("ortho_lenet")(OrthoLeNet)
 register_model("ortho_convnet")(OrthoConvNet)
 register_model("rnn_lm")(RecurrentLM)
 register_model("rnn_block_lm")(RecurrentBlockLM)
+register_model("resnet")(ResNet)
+register_model("gpt")(GPT)
 
 __all__ = [
     "MLP",
@@ -28,6 +32,8 @@ __all__ = [
     "OrthoConvNet",
     "RecurrentLM",
     "RecurrentBlockLM",
+    "ResNet",
+    "GPT",
     "TanhRNN",
     "GRU",
     "LSTM",

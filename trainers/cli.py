@@ -28,14 +28,18 @@ __all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_fro
 
 MODEL_FLAGS = {
     # flag dest: (type, help); only flags the user gives reach the model
-    "depth": (int, "number of layers (mlp), residual blocks (residual_mlp) or recurrent layers (rnn_lm, rnn_block_lm)"),
-    "width": (str, "hidden width, or a comma list of hidden widths (mlp)"),
+    "depth": (int, "number of layers (mlp), residual blocks (residual_mlp), recurrent layers (rnn_lm, "
+                   "rnn_block_lm), Transformer layers (gpt) or 6n + 2 (resnet)"),
+    "width": (str, "hidden width, or a comma list of hidden widths (mlp); stream channels (resnet); d_model (gpt)"),
     "hidden": (int, "branch hidden width (residual_mlp) or recurrent state size (rnn_lm, rnn_block_lm)"),
     "cell": (str, "recurrent cell: rnn, gru, lstm, diagonal (rnn_lm, rnn_block_lm)"),
-    "vocab_size": (int, "input token vocabulary when it differs from the outputs, e.g. copy (rnn_lm, rnn_block_lm)"),
+    "vocab_size": (int, "input token vocabulary when it differs from the outputs, e.g. copy (rnn_lm, rnn_block_lm, gpt)"),
     "input_dim": (int, "float features per step instead of tokens, e.g. 2 for adding (rnn_lm, rnn_block_lm)"),
     "per_step": (str, "one output per step: true or false (rnn_lm, rnn_block_lm; default: true for tokens)"),
-    "tie_weights": (str, "share the head's weight with the embedding: true or false (rnn_lm, rnn_block_lm)"),
+    "tie_weights": (str, "share the head's weight with the embedding: true or false (rnn_lm, rnn_block_lm, gpt)"),
+    "heads": (int, "attention heads (gpt)"),
+    "split_gamma": (float, "Highway-BP split g = Sublayer(LN h) + gamma h, r = (1 - gamma) h + z (gpt; default 0.2)"),
+    "variant": (str, "resnet form: preact (h + g(h)) or post (ReLU(h + g(h)))"),
     "activation": (str, f"hidden activation: {', '.join(models.activations.ACTIVATIONS)}"),
     "dropout": (float, "dropout probability"),
     "bias": (str, "use biases: true or false"),
