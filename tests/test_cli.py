@@ -193,6 +193,31 @@ def test_bench_recurrent_suite_times_every_trainer_and_the_loop_baseline(tmp_pat
     assert rows[0]["speedup_over_backprop"] == 1.0
 
 
+def test_bench_residual_suite_times_highway_against_backprop(tmp_path):
+    import json
+
+    from trainers.cli import bench_main
+
+    out = tmp_path / "bench"
+    assert bench_main(["--suite", "residual", "--residual-depth", "3", "--widths", "6", "--batch-size", "4",
+                       "--steps", "20", "--warmup", "1", "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [r["trainer"] for r in rows] == ["backprop", "highway:k=0", "highway:k=5", "highway:k=10",
+                                            "highway:k=5,path=reference"]
+    assert all(r["depth"] == 3 and r["step_ms"] > 0 for r in rows) and rows[0]["ratio_to_backprop"] == 1.0
+    assert bench_main(["--suite", "residual", "--trainers", "highway:k=-1", "--out", str(out)]) == 2
+
+
+def test_gpt_and_resnet_flags_reach_the_model(tmp_path):
+    from trainers.cli import train_main
+
+    assert train_main(["--model", "resnet", "--variant", "post", "--depth", "8", "--width", "2", "--steps", "1",
+                       "--batch-size", "4", "--progress", "false", "--logdir", str(tmp_path / "a")]) == 0
+    assert train_main(["--model", "resnet", "--depth", "10", "--steps", "1", "--logdir", str(tmp_path / "b")]) == 2
+    assert train_main(["--model", "gpt", "--task", "copy", "--split-gamma", "2", "--steps", "1",
+                       "--logdir", str(tmp_path / "c")]) == 2
+
+
 def test_recurrent_model_flags_reach_the_model(tmp_path, capsys):
     flags = ["--model", "rnn_lm", "--task", "adding", "--task-option", "length=6", "--task-option", "n_train=8",
              "--task-option", "n_val=4", "--task-option", "n_test=4", "--input-dim", "2", "--cell", "lstm",

@@ -210,6 +210,15 @@ def test_batched_path_equals_reference_path(name, mode):
         assert max_rel_diff(a, b) < 1e-12, k
 
 
+@pytest.mark.parametrize("name", ["resnet_post", "rnn_lm_gru"])
+@pytest.mark.parametrize("scan", ["hillis_steele", "chunked"])
+def test_scan_forms_agree_on_the_zoo(name, scan):
+    model, x, y, loss, _ = zoo_case(name)
+    a = grads_of(model, trainers.build_engine("highway", k=2, scan="sequential"), x, y, loss)
+    b = grads_of(model, trainers.build_engine("highway", k=2, scan=scan), x, y, loss)
+    assert max_rel_diff(a, b) < 1e-12
+
+
 @pytest.mark.parametrize("name", ["residual_mlp", "resnet_post", "gpt"])
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_top_blocks_exact_after_k(name, k):
@@ -519,3 +528,12 @@ def test_k0_exact_when_the_time_jacobian_is_its_gate(shape, cell):
         got = grads_of(model, trainers.build_engine("highway", k=0, path=path), x, y, sequence_cross_entropy)
         assert max_rel_diff(got, ref) < 1e-10  # W_hh's gradient too
     assert max_rel_diff(grads_of(model, trainers.build_engine("ftbptt"), x, y, sequence_cross_entropy), ref) > 1e-3
+
+
+@pytest.mark.parametrize("shape", ["rnn_lm", "rnn_block_lm"])
+def test_k0_on_a_gru_is_dsf_with_the_tied_feedback(shape):
+    """w^0 = CumSumProd(e, z_{t+1}) is DSF's g_t = e_t + z_{t+1} g_{t+1}: two engines, one number."""
+    model, x, y, loss, _ = zoo_case(f"{shape}_gru")
+    a = grads_of(model, trainers.build_engine("highway", k=0), x, y, loss)
+    b = grads_of(model, trainers.build_engine("dsf", feedback="tied"), x, y, loss)
+    assert max_rel_diff(a, b) < 1e-12

@@ -11,6 +11,8 @@ Suites, each in one process so ratios compare like with like:
   language model (``rnn_lm``) for each (depth, length), against backprop (BPTT
   through the fused nn.GRU, cuDNN on a GPU), plus ``bptt_loop``: BPTT through
   the same cell stepped in a Python loop over time.
+* ``residual``: each trainer's step (compute_grads + Adam step) on a deep
+  ``residual_mlp`` (Highway-BP's residual stack), against backprop.
 * ``scan``: the reverse scan alone in every form against the DSF authors' loop.
 
 Times are medians over all timed steps after warm-up. Peak memory: on CUDA,
@@ -46,7 +48,7 @@ from models.scan import reverse_scan
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
-           "write_results", "engine_from_spec", "bench_scan", "bench_recurrent"]
+           "write_results", "engine_from_spec", "bench_scan", "bench_recurrent", "bench_residual"]
 
 
 def machine_description(device: torch.device) -> str:
@@ -223,6 +225,32 @@ def _time_steps(step, steps, warmup, device) -> float:
     return statistics.median(times)
 
 
+def _time_trainers(names, build_model, x, y, loss_fn, device, steps, warmup) -> list[dict]:
+    """Step time (compute_grads + Adam) and compute_grads peak memory of each trainer spec on a
+    fresh ``build_model()`` (same seed), with ratios to backprop (always run first)."""
+    rows, base = [], None
+    for name in ["backprop"] + [t for t in names if t != "backprop"]:
+        torch.manual_seed(0)
+        model = build_model().to(device)
+        engine = _LoopBPTT() if name == "bptt_loop" else engine_from_spec(name)
+        engine.check(model)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step():
+            engine.compute_grads(model, x, y, loss_fn)
+            opt.step()
+
+        ms = 1e3 * _time_steps(step, steps, warmup, device)
+        model.zero_grad(set_to_none=True)
+        peak = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, loss_fn), device)
+        if name == "backprop":
+            base = (ms, peak)
+        rows.append({"trainer": name, "step_ms": ms, "ratio_to_backprop": ms / base[0],
+                     "speedup_over_backprop": base[0] / ms, "grads_peak_mb": peak,
+                     "peak_ratio_to_backprop": peak / base[1]})
+    return rows
+
+
 def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, vocab, steps, warmup, device,
                     loop_max_length=1024) -> list[dict]:
     """Step time (compute_grads + Adam) and peak memory of each trainer on ``rnn_lm`` with token inputs.
@@ -238,31 +266,30 @@ def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, voca
             gen = torch.Generator().manual_seed(0)
             x = torch.randint(0, vocab, (batch_size, T), generator=gen).to(device)
             y = torch.randint(0, vocab, (batch_size, T), generator=gen).to(device)
-            base = None
-            for name in ["backprop"] + [t for t in trainers if t != "backprop"]:
-                if name == "bptt_loop" and T > loop_max_length:
-                    continue
-                torch.manual_seed(0)
-                model = models.build("rnn_lm", in_features=T, out_features=vocab, cell=cell, hidden=hidden,
-                                     depth=depth).to(device)
-                engine = _LoopBPTT() if name == "bptt_loop" else engine_from_spec(name)
-                engine.check(model)
-                opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            names = [t for t in trainers if t != "bptt_loop" or T <= loop_max_length]
 
-                def step():
-                    engine.compute_grads(model, x, y, sequence_cross_entropy)
-                    opt.step()
+            def build():
+                return models.build("rnn_lm", in_features=T, out_features=vocab, cell=cell, hidden=hidden, depth=depth)
 
-                ms = 1e3 * _time_steps(step, steps, warmup, device)
-                model.zero_grad(set_to_none=True)
-                peak = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, sequence_cross_entropy), device)
-                if name == "backprop":
-                    base = (ms, peak)
-                rows.append({"suite": "recurrent", "trainer": name, "cell": cell, "depth": depth, "hidden": hidden,
-                             "T": T, "batch_size": batch_size, "step_ms": ms, "ratio_to_backprop": ms / base[0],
-                             "speedup_over_backprop": base[0] / ms, "grads_peak_mb": peak,
-                             "peak_ratio_to_backprop": peak / base[1]})
+            for row in _time_trainers(names, build, x, y, sequence_cross_entropy, device, steps, warmup):
+                rows.append({"suite": "recurrent", "trainer": row.pop("trainer"), "cell": cell, "depth": depth,
+                             "hidden": hidden, "T": T, "batch_size": batch_size, **row})
     return rows
+
+
+def bench_residual(*, trainers, depth, width, batch_size, steps, warmup, device) -> list[dict]:
+    """Step time (compute_grads + Adam) and peak memory of each trainer on a ``residual_mlp``
+    of ``depth`` blocks (width and branch width ``width``, 10 classes), against backprop."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch_size, width, generator=gen).to(device)
+    y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
+
+    def build():
+        return models.build("residual_mlp", in_features=width, out_features=10, depth=depth, width=width)
+
+    return [{"suite": "residual", "trainer": row.pop("trainer"), "depth": depth, "width": width,
+             "batch_size": batch_size, **row}
+            for row in _time_trainers(trainers, build, x, y, F.cross_entropy, device, steps, warmup)]
 
 
 def bench_scan(*, lengths, batch_size, width, repeats, device) -> list[dict]:

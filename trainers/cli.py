@@ -216,14 +216,16 @@ def bench_main(argv=None) -> int:
     from trainers import bench
 
     parser = argparse.ArgumentParser(description="Benchmark step time (median) and peak memory per trainer.")
-    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "scan", "all"], default="all")
+    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "all"], default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,
                         help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite; "
                              "default: every trainer that accepts an MLP) or 'backprop;ftbptt;dsf;bptt_loop' "
-                             "(recurrent suite; that is its default)")
+                             "(recurrent suite; that is its default) or 'backprop;highway:k=0;highway:k=5;highway:k=10' "
+                             "(residual suite; its default adds highway:k=5,path=reference)")
     parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
-    parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines suite)")
+    parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines and residual suites)")
+    parser.add_argument("--residual-depth", type=int, default=32, help="blocks of the residual suite's residual_mlp")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--cell", default="gru", help="recurrent cell (recurrent suite)")
     parser.add_argument("--hidden", type=int, default=512, help="recurrent state size (recurrent and scan suites)")
@@ -245,7 +247,9 @@ def bench_main(argv=None) -> int:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
         engine_names = _trainer_specs(args.trainers) if args.trainers else _mlp_trainers()
         recurrent_names = _trainer_specs(args.trainers or "backprop;ftbptt;dsf;bptt_loop")
-        for name in {*engine_names, *recurrent_names} - {"bptt_loop"}:
+        residual_names = _trainer_specs(args.trainers or "backprop;highway:k=0;highway:k=5;highway:k=10;"
+                                                          "highway:k=5,path=reference")
+        for name in {*engine_names, *recurrent_names, *residual_names} - {"bptt_loop"}:
             bench.engine_from_spec(name)  # unknown trainers and options fail here, before any timing
         device = torch.device(args.device)
         if args.tf32:
@@ -267,6 +271,11 @@ def bench_main(argv=None) -> int:
                                           depths=_int_list(args.recurrent_depths), hidden=args.hidden,
                                           lengths=_int_list(args.lengths), batch_size=args.recurrent_batch_size,
                                           vocab=args.vocab, steps=args.steps, warmup=args.warmup, device=device)
+        if args.suite in ("residual", "all"):
+            for width in _int_list(args.widths):
+                rows += bench.bench_residual(trainers=residual_names, depth=args.residual_depth, width=width,
+                                             batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                                             device=device)
         if args.suite in ("scan", "all"):
             rows += bench.bench_scan(lengths=_int_list(args.lengths), batch_size=args.recurrent_batch_size,
                                      width=args.hidden, repeats=max(3, args.steps // 10), device=device)

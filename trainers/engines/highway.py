@@ -41,6 +41,7 @@ Two structures (``trainers.protocols``):
 
 import copy
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Literal
 
@@ -48,6 +49,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from models.dropout import ConsistentDropout
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters
@@ -112,12 +114,21 @@ def _combine_derivatives(blocks, X: torch.Tensor, Z: torch.Tensor) -> tuple[torc
     X, Z = X.detach().requires_grad_(), Z.detach().requires_grad_()
     with torch.enable_grad():
         H = torch.stack([block.combine(x, z) for block, x, z in zip(blocks, X, Z)])
-        return torch.autograd.grad(H, (X, Z), torch.ones_like(H))
+        return tuple(_compact(d) for d in torch.autograd.grad(H, (X, Z), torch.ones_like(H)))
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """A constant tensor (K = I, K = (1 - gamma) I) as one element that broadcasts: saves memory."""
+    first = t.reshape(-1)[:1]
+    return first if bool((t == first).all()) else t
+
+
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, ConsistentDropout)
 
 
 def _dropout_active(module: nn.Module) -> bool:
-    return module.training and any(getattr(m, "p", 0.0) > 0 for m in module.modules()
-                                   if "Dropout" in type(m).__name__)
+    """A recompute would draw new masks: the batched path cannot reproduce the forward."""
+    return module.training and any(isinstance(m, _DROPOUTS) and m.p > 0 for m in module.modules())
 
 
 class _Branches(nn.Module):
@@ -190,10 +201,11 @@ class _BatchedDepth:
         Z = torch.empty_like(S)
         for idx in _groups(blocks):
             members = [blocks[i] for i in idx]
-            key = id(members[0])
-            if key not in bases:  # a stateless copy of the block: functional_call swaps in the stacked tensors
-                bases[key] = _Branches(copy.deepcopy(members[0]).to("meta"))
-            base = bases[key]
+            first = members[0]
+            entry = bases.get(id(first))
+            if entry is None or entry[0]() is not first:  # a stateless copy; functional_call swaps in the stack
+                entry = bases[id(first)] = (weakref.ref(first), _Branches(copy.deepcopy(first).to("meta")))
+            base = entry[1]
             params, buffers = stack_module_state(members)  # leaves; buffers are copies (BN stats land there)
             params = {"block." + n: p for n, p in params.items()}
             buffers = {"block." + n: b for n, b in buffers.items()}
@@ -242,7 +254,7 @@ class Highway(GradientEngine):
             raise ConfigError(f"--highway-k must be >= 0, got {self.options.k}")
         if not self.options.tol >= 0:
             raise ConfigError(f"--highway-tol must be >= 0, got {self.options.tol}")
-        self._bases: dict = {}  # stateless block copies for functional_call, per block
+        self._bases: dict = {}  # id(first block of a group) -> (weakref to it, its stateless copy)
         self._used: list[int] = []  # iterations run per scan in the last step
         self._rel: list[float] = []
 
@@ -297,7 +309,7 @@ class Highway(GradientEngine):
         n = len(stack.blocks)
         e = torch.zeros((n + 1, *top.shape), dtype=top.dtype, device=top.device)
         e[n] = e_top
-        carry = torch.cat([stack.K, torch.zeros_like(stack.K[:1])])
+        carry = stack.K if stack.K.numel() == 1 else torch.cat([stack.K, torch.zeros_like(stack.K[:1])])
 
         def back(W):  # v_j = (w_{j+1} dr/dz) dg_{j+1}/dh, v_n = 0
             return torch.cat([stack.back(W[1:] * stack.Dz), torch.zeros_like(W[:1])])
