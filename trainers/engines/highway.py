@@ -108,19 +108,31 @@ def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[tor
     return w, used, rel
 
 
-def _combine_derivatives(blocks, X: torch.Tensor, Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Diagonals of d r_i/d h (K_i) and d r_i/d z at the stacked (n, B, ...) inputs X and branch
-    outputs Z: one autograd call, exact because every combine is element-wise."""
-    X, Z = X.detach().requires_grad_(), Z.detach().requires_grad_()
-    with torch.enable_grad():
-        H = torch.stack([block.combine(x, z) for block, x, z in zip(blocks, X, Z)])
-        return tuple(_compact(d) for d in torch.autograd.grad(H, (X, Z), torch.ones_like(H)))
+def _combine_derivatives(blocks, inputs, outputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Diagonals of d r_i/d h (K_i) and d r_i/d z at each block's input and branch output,
+    stacked (n, B, ...), or one element when constant over all blocks (K = I, (1 - gamma) I).
+    Exact because every combine is element-wise; one small autograd call per block."""
+    ks, dzs = [], []
+    for block, x, z in zip(blocks, inputs, outputs):
+        x, z = x.detach().requires_grad_(), z.detach().requires_grad_()
+        with torch.enable_grad():
+            h = block.combine(x, z)
+            k, dz = torch.autograd.grad(h, (x, z), torch.ones_like(h))
+        ks.append(_compact(k))
+        dzs.append(_compact(dz))
+    return _stack(ks, inputs[0]), _stack(dzs, inputs[0])
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
-    """A constant tensor (K = I, K = (1 - gamma) I) as one element that broadcasts: saves memory."""
+    """A constant tensor as one element that broadcasts."""
     first = t.reshape(-1)[:1]
     return first if bool((t == first).all()) else t
+
+
+def _stack(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    if all(p.numel() == 1 for p in parts) and bool((torch.cat(parts) == parts[0]).all()):
+        return parts[0]
+    return torch.stack([p.expand_as(like) for p in parts])
 
 
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, ConsistentDropout)
@@ -167,8 +179,7 @@ class _ReferenceDepth:
             with torch.no_grad():
                 h = block.combine(x, z)
         self.top = h
-        self.K, self.Dz = _combine_derivatives(blocks, torch.stack(self.inputs).detach(),
-                                               torch.stack(self.branches).detach())
+        self.K, self.Dz = _combine_derivatives(blocks, self.inputs, self.branches)
 
     def back(self, C):
         """Cotangents at every block input from the cotangents C (n, B, ...) at the branch outputs."""
@@ -191,12 +202,14 @@ class _BatchedDepth:
     def __init__(self, model, h0, bases: dict):
         blocks = list(model.blocks)
         self.blocks = blocks
-        states = [h0.detach()]
+        S = h0.new_empty((len(blocks), *h0.shape))  # (n, B, ...) block inputs s_0 .. s_{n-1}
+        S[0] = h0.detach()
         with torch.no_grad():
-            for block in blocks:
-                states.append(block(states[-1]))
-        self.top = states[-1].requires_grad_()
-        S = torch.stack(states[:-1])  # (n, B, ...) block inputs s_0 .. s_{n-1}
+            for i, block in enumerate(blocks):
+                h = block(S[i])
+                if i + 1 < len(blocks):
+                    S[i + 1] = h
+        self.top = h.requires_grad_()
         self.groups = []
         Z = torch.empty_like(S)
         for idx in _groups(blocks):
