@@ -14,6 +14,7 @@ import torch
 
 import models
 import trainers
+import test_dsf
 from engine_contract import EngineContract
 from models.resnet import downsample, upsample
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
@@ -537,3 +538,19 @@ def test_k0_on_a_gru_is_dsf_with_the_tied_feedback(shape):
     a = grads_of(model, trainers.build_engine("highway", k=0), x, y, loss)
     b = grads_of(model, trainers.build_engine("dsf", feedback="tied"), x, y, loss)
     assert max_rel_diff(a, b) < 1e-12
+
+
+def test_k0_on_an_lstm_is_ftbptt():
+    """The paper's LSTM split (K = [0; f] on [h; c]): the errors arrive on the h half only and K
+    carries nothing along h, so k = 0 gives no gradient through time; from k = 1 it does."""
+    model, x, y, loss, _ = zoo_case("rnn_lm_lstm")
+    ft = grads_of(model, trainers.build_engine("ftbptt"), x, y, loss)
+    assert max_rel_diff(grads_of(model, trainers.build_engine("highway", k=0), x, y, loss), ft) < 1e-12
+    assert max_rel_diff(grads_of(model, trainers.build_engine("highway", k=1), x, y, loss), ft) > 1e-3
+
+
+class TestHighwayRecurrentContract(test_dsf.TestDSFContract):
+    """The contract on rnn_lm (GRU) and rnn_block_lm (LSTM), with DSF's per-step toy task."""
+
+    engine_name = "highway"
+    engine_options = {"k": 2}
