@@ -10,9 +10,11 @@ protocols by having the named attributes. Engines check them with
   (adjoint ``v W``) or a module with an ``adjoint(v)`` method (orthogonal
   convolutions). Zoo: ``mlp``, orthogonal CNNs.
 * ``ResidualStack`` (Highway-BP): ``h_0 = stem(x)``,
-  ``h_i = combine_i(h_{i-1}, branch_i(h_{i-1}))``, ``y = head(h_L)``; the
-  residual Jacobian ``K_i = d combine / d h`` is cheap (identity, scalar or
-  diagonal). Zoo: ``residual_mlp``.
+  ``h_i = combine_i(h_{i-1}, branch_i(h_{i-1}))``, ``y = head(h_L)``; every
+  state has one shape and ``combine`` is element-wise, so the residual
+  Jacobian ``K_i = d combine / d h`` is diagonal (identity, scalar, a ReLU
+  mask). Blocks of one class and shapes are batched with ``torch.func.vmap``.
+  Zoo: ``residual_mlp``, ``resnet``, ``gpt``.
 * ``RecurrentLayer`` (DSF, FT-BPTT, Highway-BP over time): a one-step cell
   ``h_t = cell(x_t, h_{t-1})`` and a fast whole-sequence forward sharing its
   weights. Zoo: the layers of ``models.recurrent``; models expose them, bottom
@@ -44,7 +46,7 @@ class LayerStack(Protocol):
 @runtime_checkable
 class ResidualStack(Protocol):
     stem: Callable[[torch.Tensor], torch.Tensor]
-    blocks: Sequence[nn.Module]  # each with branch(h) -> z and combine(h, z) -> h'
+    blocks: Sequence[nn.Module]  # each with branch(h) -> z and an element-wise combine(h, z) -> h'
     head: Callable[[torch.Tensor], torch.Tensor]
 
 
