@@ -202,8 +202,8 @@ def test_bench_residual_suite_times_highway_against_backprop(tmp_path):
     assert bench_main(["--suite", "residual", "--residual-depth", "3", "--widths", "6", "--batch-size", "4",
                        "--steps", "20", "--warmup", "1", "--out", str(out)]) == 0
     rows = json.loads((out / "bench.json").read_text())["rows"]
-    assert [r["trainer"] for r in rows] == ["backprop", "highway:k=0", "highway:k=5", "highway:k=10",
-                                            "highway:k=5,path=reference"]
+    assert [r["trainer"] for r in rows] == ["backprop"] + [f"highway:k={k},path={p}"
+                                                           for p in ("batched", "reference") for k in (0, 5, 10)]
     assert all(r["depth"] == 3 and r["step_ms"] > 0 for r in rows) and rows[0]["ratio_to_backprop"] == 1.0
     assert bench_main(["--suite", "residual", "--trainers", "highway:k=-1", "--out", str(out)]) == 2
 

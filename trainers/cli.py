@@ -222,7 +222,7 @@ def bench_main(argv=None) -> int:
                         help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite; "
                              "default: every trainer that accepts an MLP) or 'backprop;ftbptt;dsf;bptt_loop' "
                              "(recurrent suite; that is its default) or 'backprop;highway:k=0;highway:k=5;highway:k=10' "
-                             "(residual suite; its default adds highway:k=5,path=reference)")
+                             "(residual suite; its default: k = 0, 5, 10 on both paths)")
     parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
     parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines and residual suites)")
     parser.add_argument("--residual-depth", type=int, default=32, help="blocks of the residual suite's residual_mlp")
@@ -247,8 +247,8 @@ def bench_main(argv=None) -> int:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
         engine_names = _trainer_specs(args.trainers) if args.trainers else _mlp_trainers()
         recurrent_names = _trainer_specs(args.trainers or "backprop;ftbptt;dsf;bptt_loop")
-        residual_names = _trainer_specs(args.trainers or "backprop;highway:k=0;highway:k=5;highway:k=10;"
-                                                          "highway:k=5,path=reference")
+        residual_names = _trainer_specs(args.trainers or ";".join(
+            ["backprop"] + [f"highway:k={k},path={p}" for p in ("batched", "reference") for k in (0, 5, 10)]))
         for name in {*engine_names, *recurrent_names, *residual_names} - {"bptt_loop"}:
             bench.engine_from_spec(name)  # unknown trainers and options fail here, before any timing
         device = torch.device(args.device)

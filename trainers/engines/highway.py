@@ -27,7 +27,10 @@ Two structures (``trainers.protocols``):
   (``stack_module_state`` + ``functional_call``), so each VJP round is one batched call per
   group; ``path=reference`` keeps one graph per block from the forward and loops over
   blocks (the test oracle; also the fallback when dropout is active, whose masks a
-  recompute would redraw). ``auto`` picks batched when it can.
+  recompute would redraw). ``auto`` picks batched on a GPU and the reference
+  path on the CPU, where it measured faster (BENCHMARKS.md: the same cost per
+  round, and no recompute; 63 against 86 ms at k = 0 on a 32-block MLP), and
+  always the reference path while dropout is active.
 * ``recurrent_layers`` (rnn_lm, rnn_block_lm, GRU/LSTM): time is the depth (Sec. 5.2).
   In each layer the fused forward runs without a graph, the cell is recomputed on all B*T
   pairs (x_t, s_{t-1}) at once with s_{t-1} a leaf, and a gradient hook on the states
@@ -258,7 +261,8 @@ class Highway(GradientEngine):
         mode: Literal["highway", "fpi"] = option(
             "highway", "highway, or fpi: the fixed-point-iteration baseline (K = 0, whole-layer Jacobians)")
         path: Literal["auto", "batched", "reference"] = option(
-            "auto", "batched VJPs (vmap over like blocks / all time steps) or one VJP per block (reference)")
+            "auto", "batched VJPs (vmap over like blocks / all time steps) or one VJP per block or step "
+                    "(reference); auto: batched, except residual stacks on the CPU or with dropout")
         scan: Literal[METHODS] = option("auto", "CumSumProd form (auto: sequential on CPU, chunked on GPU)")
 
     def __init__(self, **options):
@@ -309,7 +313,8 @@ class Highway(GradientEngine):
 
     def _depth_step(self, model, params, inputs, targets, loss_fn):
         h0 = model.stem(inputs)
-        batched = self.options.path == "batched" or (self.options.path == "auto" and not _dropout_active(model))
+        batched = self.options.path == "batched" or (
+            self.options.path == "auto" and h0.device.type != "cpu" and not _dropout_active(model))
         stack = _BatchedDepth(model, h0, self._bases) if batched else _ReferenceDepth(model, h0)
         top = stack.top.detach().requires_grad_()
         outputs = model.head(top)
