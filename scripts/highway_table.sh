@@ -19,7 +19,8 @@
 #   report on ptb.valid.txt (held out), so read best_val. PTB_DIR overrides ../shared/data/ptb.
 #
 # Then: python scripts/table.py LOGDIR --value test|best_val \
-#         --columns backprop,highway-k0,highway-k1,highway-k2,highway-k4,highway-k8,highway-exact
+#         --columns backprop,highway-k0,highway-k1,highway-k2,highway-k4,highway-k8,highway-exact \
+#         --plot LOGDIR/k.png        (the metric against k, one panel per experiment)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -12,7 +12,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import trainers
 from trainers.cli import compare_main, train_main
-from trainers.compare import collect_results, pivot_table
+from trainers.compare import collect_results, pivot_cells, pivot_table
+from trainers.plots import plot_runs
 from trainers.engine import GradientEngine
 from trainers.protocols import LayerStack, require
 from trainers.registry import _ENGINES
@@ -155,6 +156,11 @@ def test_run_name_and_results_table(tmp_path, capsys):
     table = pivot_table(rows, columns=["backprop", "bp-plain"])
     assert table.splitlines()[0] == "| experiment | backprop | bp-plain |"
     assert table.splitlines()[2].startswith("| exp/d2 | ") and table.count("(2)") == 2
+    cells, experiments, runs = pivot_cells(rows, columns=["bp-plain", "backprop"])
+    assert experiments == ["exp/d2"] and runs == ["bp-plain", "backprop"]
+    assert cells[("exp/d2", "backprop")] == [r["test"][r["metric"]] for r in rows if r["run"] == "backprop"]
+    plot_runs(cells, experiments, runs, "test accuracy", tmp_path / "k.png")
+    assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):

@@ -15,7 +15,7 @@ from trainers.plots import plot_comparison
 from trainers.registry import engine_class
 from trainers.trainer import Trainer
 
-__all__ = ["run_comparison", "summary_table", "experiment_runs", "compatible", "collect_results", "pivot_table"]
+__all__ = ["run_comparison", "summary_table", "experiment_runs", "compatible", "collect_results", "pivot_cells", "pivot_table"]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -102,14 +102,19 @@ def collect_results(root) -> list[dict]:
     return rows
 
 
-def pivot_table(rows: list[dict], *, value: str = "test", columns: list[str] | None = None) -> str:
-    """Markdown: one row per experiment, one column per run name, cells mean ± std (n seeds)
-    of the ``value`` split's metric (``test`` of the best validation model, or ``best_val``)."""
+def pivot_cells(rows: list[dict], *, value: str = "test", columns: list[str] | None = None):
+    """(cells, experiments, runs): ``cells[(experiment, run)]`` = the ``value`` split's metric per seed."""
     cells: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         cells.setdefault((r["experiment"], r["run"]), []).append(r[value][r["metric"]])
     experiments = list(dict.fromkeys(r["experiment"] for r in rows))
-    runs = columns or list(dict.fromkeys(r["run"] for r in rows))
+    return cells, experiments, columns or list(dict.fromkeys(r["run"] for r in rows))
+
+
+def pivot_table(rows: list[dict], *, value: str = "test", columns: list[str] | None = None) -> str:
+    """Markdown: one row per experiment, one column per run name, cells mean ± std (n seeds)
+    of the ``value`` split's metric (``test`` of the best validation model, or ``best_val``)."""
+    cells, experiments, runs = pivot_cells(rows, value=value, columns=columns)
     lines = ["| experiment | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
     for exp in experiments:
         row = []

@@ -1,4 +1,4 @@
-"""The comparison figure: loss, metric and gradient cosine against steps."""
+"""Figures: loss, metric and gradient cosine against steps; a final metric against runs."""
 
 import matplotlib
 
@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["plot_comparison"]
+__all__ = ["plot_comparison", "plot_runs"]
 
 
 def _curve(histories: list[list[dict]], tag: str):
@@ -48,6 +48,29 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -
             ax.legend()
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_runs(cells: dict[tuple[str, str], list[float]], experiments: list[str], runs: list[str],
+              ylabel: str, path) -> None:
+    """One panel per experiment: the final metric of each run (x, in the given order, e.g.
+    backprop, highway-k0 .. highway-k8) as mean over seeds with min..max bars and the seeds as dots.
+
+    ``cells[(experiment, run)]`` holds one value per seed; missing cells are skipped."""
+    fig, axes = plt.subplots(1, len(experiments), figsize=(5 * len(experiments), 4), squeeze=False)
+    for ax, exp in zip(axes[0], experiments):
+        for x, run in enumerate(runs):
+            values = np.array(cells.get((exp, run), []))
+            if values.size:
+                ax.errorbar([x], [values.mean()], yerr=[[values.mean() - values.min()], [values.max() - values.mean()]],
+                            fmt="o", color="C0", capsize=3)
+                ax.plot([x] * values.size, values, ".", color="C1", alpha=0.6)
+        ax.set_xticks(range(len(runs)), runs, rotation=30, ha="right")
+        ax.set_title(exp)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
