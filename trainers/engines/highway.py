@@ -212,7 +212,7 @@ class _BatchedDepth:
                 h = block(S[i])
                 if i + 1 < len(blocks):
                     S[i + 1] = h
-        self.top = h.requires_grad_()
+        self.top = h
         self.groups = []
         Z = torch.empty_like(S)
         for idx in _groups(blocks):
