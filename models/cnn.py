@@ -32,23 +32,17 @@ import torch.nn as nn
 
 from models.activations import build_activation
 from models.dropout import ConsistentDropout
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, positive_int
 from models.orthogonal import METHODS
 from models.orthogonal_conv import FlattenLinear, OrthoConvBlock, space_to_depth_shape
 
 __all__ = ["OrthoLeNet", "OrthoConvNet", "infer_image_shape"]
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def infer_image_shape(in_features: int, in_shape: Sequence[int] | None = None) -> tuple[int, int, int]:
     """(C, H, W) of the input: ``in_shape`` checked against ``in_features``, or a square
     image with 1 channel (64 -> (1, 8, 8), 784 -> (1, 28, 28)) or 3 channels (3072 -> (3, 32, 32))."""
-    _positive_int("in_features", in_features)
+    positive_int("in_features", in_features)
     if in_shape is not None:
         try:
             shape = tuple(in_shape)
@@ -86,7 +80,7 @@ def _channels_list(channels, n: int) -> list[int | None]:
     if len(values) != n:
         raise ModelConfigError(f"channels lists the output channels of {n} conv layers, got {len(values)} values")
     for value in values:
-        _positive_int("channels", value)
+        positive_int("channels", value)
     return values
 
 
@@ -155,7 +149,7 @@ class OrthoLeNet(_OrthoStack):
         init_scale: float = 1.0,
     ):
         super().__init__()
-        _positive_int("out_features", out_features)
+        positive_int("out_features", out_features)
         _check_method(orthogonal)
         self.in_shape = shape = infer_image_shape(in_features, in_shape)
         layers = []
@@ -175,7 +169,7 @@ class OrthoLeNet(_OrthoStack):
             raise ModelConfigError("width must list at least one dense hidden width")
         previous = math.prod(shape)
         for w in widths:
-            _positive_int("width", w)
+            positive_int("width", w)
             if w > previous:
                 raise ModelConfigError(
                     f"dense hidden widths must be non-increasing and at most the flattened conv output "
@@ -222,8 +216,8 @@ class OrthoConvNet(_OrthoStack):
         init_scale: float = 1.0,
     ):
         super().__init__()
-        _positive_int("out_features", out_features)
-        _positive_int("depth", depth)
+        positive_int("out_features", out_features)
+        positive_int("depth", depth)
         _check_method(orthogonal)
         if isinstance(space_to_depth, bool) or not isinstance(space_to_depth, int) or space_to_depth < 0:
             raise ModelConfigError(f"space_to_depth must be an integer >= 0, got {space_to_depth!r}")
@@ -233,7 +227,7 @@ class OrthoConvNet(_OrthoStack):
             lifted = space_to_depth_shape(lifted)
         if channels is None:
             channels = lifted[0]
-        _positive_int("channels", channels)
+        positive_int("channels", channels)
         if channels > lifted[0]:
             raise ModelConfigError(
                 f"channels {channels} > {lifted[0]} input channels after space-to-depth "

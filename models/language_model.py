@@ -43,17 +43,10 @@ import math
 import torch
 import torch.nn as nn
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, positive_int
 from models.recurrent import CELLS, build_cell
 
 __all__ = ["RecurrentLM", "RecurrentBlockLM"]
-
-
-def _positive(name, value, allow_none=False):
-    if allow_none and value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 class _SequenceModel(nn.Module):
@@ -87,9 +80,10 @@ class _SequenceModel(nn.Module):
                tie_weights, per_step):
         for name, value in (("in_features", in_features), ("out_features", out_features),
                             ("hidden", hidden), ("depth", depth)):
-            _positive(name, value)
-        _positive("vocab_size", vocab_size, allow_none=True)
-        _positive("input_dim", input_dim, allow_none=True)
+            positive_int(name, value)
+        for name, value in (("vocab_size", vocab_size), ("input_dim", input_dim)):
+            if value is not None:
+                positive_int(name, value)
         if cell not in CELLS:
             raise ModelConfigError(f"unknown cell {cell!r}; choose one of {', '.join(CELLS)}")
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0.0 <= dropout < 1.0:

@@ -50,7 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, positive_int
 from models.orthogonal import PARAMETRIZED_METHODS, make_orthogonal, orthogonal_method, polar, trainable_weight
 
 __all__ = [
@@ -62,12 +62,6 @@ __all__ = [
 ]
 
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _shape(name: str, value) -> tuple[int, ...]:
@@ -126,9 +120,9 @@ class OrthogonalConv2d(nn.Module):
         init_scale: float = 1.0,
     ):
         super().__init__()
-        in_channels = _positive_int("in_channels", in_channels)
-        out_channels = _positive_int("out_channels", out_channels)
-        kernel_size = _positive_int("kernel_size", kernel_size)
+        in_channels = positive_int("in_channels", in_channels)
+        out_channels = positive_int("out_channels", out_channels)
+        kernel_size = positive_int("kernel_size", kernel_size)
         spatial = _shape("spatial", spatial)
         if len(spatial) != 2:
             raise ModelConfigError(f"spatial must be (H, W), got {spatial!r}")
@@ -245,7 +239,7 @@ class SpaceToDepth(nn.Module):
 
     def __init__(self, factor: int = 2, in_shape: Sequence[int] | None = None):
         super().__init__()
-        self.factor = _positive_int("factor", factor)
+        self.factor = positive_int("factor", factor)
         self._in_shape = None
         if in_shape is not None:
             in_shape = _shape("in_shape", in_shape)
@@ -297,7 +291,7 @@ class FlattenLinear(nn.Module):
     ):
         super().__init__()
         self.in_shape = _shape("in_shape", (in_shape,) if isinstance(in_shape, int) else in_shape)
-        out_features = _positive_int("out_features", out_features)
+        out_features = positive_int("out_features", out_features)
         self.linear = nn.Linear(math.prod(self.in_shape), out_features, bias=bias)
         make_orthogonal(self.linear, orthogonal, iters=orthogonal_iters)
 

@@ -41,16 +41,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, positive_int
 from models.scan import forward_scan
 
 __all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell", "previous_states"]
 
 
 def _check_sizes(input_size, hidden_size) -> None:
-    for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("input_size", input_size)
+    positive_int("hidden_size", hidden_size)
 
 
 class _FusedRecurrent(nn.Module):

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.cnn import infer_image_shape
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, positive_int
 
 __all__ = ["ResNet", "downsample", "upsample"]
 
@@ -95,8 +95,7 @@ class ResNet(nn.Module):
     ):
         super().__init__()
         for name, value in (("out_features", out_features), ("width", width), ("depth", depth)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         if depth < 8 or (depth - 2) % 6:
             raise ModelConfigError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, 56, 110), got {depth}")
         if variant not in ("preact", "post"):

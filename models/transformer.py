@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, positive_int
 
 __all__ = ["GPT", "AttentionSublayer", "MLPSublayer"]
 
@@ -105,8 +105,7 @@ class GPT(nn.Module):
         max_len = in_features if max_len is None else max_len
         for name, value in (("in_features", in_features), ("out_features", out_features), ("depth", depth),
                             ("width", width), ("heads", heads), ("vocab_size", vocab_size), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         if width % heads:
             raise ModelConfigError(f"width {width} is not divisible by heads {heads}")
         gamma = split_gamma
