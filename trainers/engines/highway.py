@@ -55,7 +55,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from models.dropout import ConsistentDropout
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
-from trainers.engine import GradientEngine, StepOutput, trainable_parameters
+from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
 from trainers.protocols import RecurrentLayer, ResidualStack, recurrent_forwards
@@ -297,16 +297,14 @@ class Highway(GradientEngine):
         self._used, self._rel = [], []
         params = [p for _, p in trainable_parameters(model)]
         if isinstance(model, ResidualStack):
-            outputs, loss, grads = self._depth_step(model, params, inputs, targets, loss_fn)
+            outputs, loss, by_param = self._depth_step(model, params, inputs, targets, loss_fn)
+            grads = [by_param.get(id(p)) for p in params]
         else:
             with recurrent_forwards(model, self._time_layer):
                 outputs = model(inputs)
                 loss = loss_fn(outputs, targets)
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
-            grads = {id(p): g for p, g in zip(params, grads) if g is not None}
-        for p in params:
-            g = grads.get(id(p))
-            p.grad = torch.zeros_like(p) if g is None else g.detach()
+        write_grads(params, grads)
         return StepOutput(loss=loss.detach(), outputs=outputs.detach())
 
     # ---- residual stacks: depth is the index ------------------------------------------------
@@ -320,8 +318,8 @@ class Highway(GradientEngine):
         outputs = model.head(top)
         loss = loss_fn(outputs, targets)
         *head_grads, e_top = torch.autograd.grad(loss, params + [top], allow_unused=True)
-        grads: dict[int, torch.Tensor] = {}
-        _accumulate(grads, params, head_grads)
+        grads: dict[int, torch.Tensor] = {}  # id(parameter) -> its gradient, summed over head, stem, blocks
+        _accumulate(grads, zip(map(id, params), head_grads))
 
         # positions s_0 .. s_n; e is zero but at the top; a_j = K_{j+1}
         n = len(stack.blocks)
@@ -333,9 +331,8 @@ class Highway(GradientEngine):
             return torch.cat([stack.back(W[1:] * stack.Dz), torch.zeros_like(W[:1])])
 
         W = self._iterate(e, carry, back, dim=0)
-        _accumulate(grads, params, torch.autograd.grad(h0, params, W[0], allow_unused=True))
-        for key, g in stack.parameter_grads(W[1:] * stack.Dz).items():
-            grads[key] = grads[key] + g if key in grads else g
+        _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, W[0], allow_unused=True)))
+        _accumulate(grads, stack.parameter_grads(W[1:] * stack.Dz).items())
         return outputs, loss, grads
 
     # ---- recurrent layers: time is the depth --------------------------------------------------
@@ -382,7 +379,8 @@ class Highway(GradientEngine):
         return out
 
 
-def _accumulate(grads: dict, params, values) -> None:
-    for p, g in zip(params, values):
+def _accumulate(grads: dict, items) -> None:
+    """Add each (key, gradient) of ``items`` into ``grads`` (None: nothing; shared weights sum)."""
+    for key, g in items:
         if g is not None:
-            grads[id(p)] = grads[id(p)] + g if id(p) in grads else g
+            grads[key] = grads[key] + g if key in grads else g
