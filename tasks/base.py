@@ -60,12 +60,12 @@ def sequence_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torc
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean accuracy of ``(B, C)`` logits vs ``(B,)`` labels, or ``(B, T, V)`` vs ``(B, T)`` (mean over tokens).
 
-    Positions whose target is ``IGNORE_INDEX`` are not counted; a 0-dim float tensor
+    Positions whose target is ``IGNORE_INDEX`` are not counted; a 0-dim float64 tensor
     (0 when nothing is counted).
     """
     counted = targets != IGNORE_INDEX
     hits = (outputs.argmax(dim=-1) == targets) & counted
-    return hits.to(torch.float32).sum() / counted.sum().clamp_min(1).to(torch.float32)
+    return hits.sum().double() / counted.sum().clamp_min(1).double()
 
 
 @dataclass

@@ -3,7 +3,12 @@
 Flags are generated from the option dataclasses (``TrainConfig``, each
 engine's ``Options``). Every user error prints one line on stderr and
 exits with code 2, before any run directory or checkpoint is written;
-a NaN/Inf loss exits with code 1.
+a NaN/Inf loss, or a rank of a ``torchrun`` job that died or hung, exits
+with code 1.
+
+``train.py`` and ``compare.py`` run unchanged under ``torchrun``: they join
+the process group (``--dist-backend``, ``--dist-timeout``), train data
+parallel, and only rank 0 prints and writes.
 """
 
 import argparse
@@ -13,12 +18,14 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 import models
 import tasks
 from trainers.compare import compatible, run_comparison
 from trainers.config import TrainConfig
-from trainers.errors import USER_ERRORS, ConfigError, DataError, NonFiniteLossError
+from trainers.distributed import BACKENDS, DataParallel, init_distributed
+from trainers.errors import USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError
 from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
@@ -84,6 +91,11 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
     parser.add_argument("--run-name", default=None,
                         help="run folder under the experiment (default: the trainer's name; one trainer only)")
+    group = parser.add_argument_group("data parallel (under torchrun)")
+    group.add_argument("--dist-backend", default="auto", choices=BACKENDS,
+                       help="process-group backend (default: auto, nccl on GPUs, gloo on the CPU)")
+    group.add_argument("--dist-timeout", type=float, default=300.0,
+                       help="seconds any rank waits for the others before the job stops with an error (default: 300)")
     group = parser.add_argument_group("model options")
     for name, (tp, help) in MODEL_FLAGS.items():
         group.add_argument("--" + name.replace("_", "-"), dest="model_" + name, type=tp,
@@ -105,8 +117,9 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     engine = build_engine(trainer, **options_from_args(args, engine_class(trainer).Options, prefix=f"{trainer}_"))
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
-    task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed,
-                       **parse_key_values(args.task_option, "--task-option"))
+    with DataParallel().main_first():  # one download per job: rank 0 fills the cache, then the others read it
+        task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed,
+                           **parse_key_values(args.task_option, "--task-option"))
     model_options = {name[len("model_"):]: _model_value(name[len("model_"):], value)
                      for name, value in vars(args).items() if name.startswith("model_") and name != "model_"}
     model_options.setdefault("in_features", task.in_features)
@@ -116,16 +129,31 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     return engine, task, model, cfg, {"name": args.model, **model_options}
 
 
+def join_job(args) -> DataParallel:
+    """This process's rank under torchrun (a one-rank ``DataParallel`` otherwise)."""
+    return init_distributed(args.dist_backend, args.dist_timeout, device=getattr(args, "device", "cpu"))
+
+
 def run_cli(main) -> int:
-    """Run ``main()``; user errors -> one line + exit 2, NaN loss -> one line + exit 1."""
+    """Run ``main()``; user errors -> one line + exit 2; a NaN loss or a lost rank -> one line + exit 1.
+
+    Under torchrun every rank prints its own error (prefixed with its rank), and
+    the process group is closed on success.
+    """
     try:
-        return main() or 0
+        code = main() or 0
     except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        code, message = 2, str(err)
+    except (NonFiniteLossError, DistributedError) as err:
+        code, message = 1, str(err)
+    else:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return code
+    here = DataParallel()
+    prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
+    print(f"error: {prefix}{message}", file=sys.stderr)
+    return code
 
 
 def train_main(argv=None) -> int:
@@ -138,11 +166,13 @@ def train_main(argv=None) -> int:
     def main():
         if args.epochs < 1 and args.steps is None:
             raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+        here = join_job(args)
         engine, task, model, cfg, meta = build_from_args(args, args.trainer)
         trainer = Trainer(model, engine, task, config=cfg, logdir=args.logdir, experiment=args.experiment,
                           run_name=args.run_name, overwrite=args.overwrite, meta=meta)
         report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume)
-        print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
+        if here.is_main:
+            print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
 
     return run_cli(main)
 
@@ -189,6 +219,7 @@ def compare_main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def main():
+        here = join_job(args)
         seeds = _int_list(args.seeds)
         if not seeds:
             raise ConfigError("--seeds lists no seed")
@@ -204,9 +235,10 @@ def compare_main(argv=None) -> int:
                              run_name=args.run_name,
                              experiment=experiment, epochs=None if args.steps else args.epochs,
                              steps=args.steps, resume=args.resume, overwrite=True)
-        print(out["table"])
-        print(f"runs, summary.md and comparison.png in {out['dir']}")
-        print(f"tensorboard --logdir {out['dir']}")
+        if here.is_main:
+            print(out["table"])
+            print(f"runs, summary.md and comparison.png in {out['dir']}")
+            print(f"tensorboard --logdir {out['dir']}")
 
     return run_cli(main)
 

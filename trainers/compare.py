@@ -9,6 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
+from trainers.distributed import DataParallel
 from trainers.errors import IncompatibleModelError
 from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
@@ -73,6 +74,8 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     task = next(iter(setups.values()))[1]
     metric = task.metric_name
     out_dir = Path(logdir) / experiment
+    if not DataParallel().is_main:  # under torchrun, rank 0 writes the summary
+        return {"results": {}, "table": "", "dir": out_dir}
     results = experiment_runs(out_dir)
     table = summary_table(results, metric)
     (out_dir / "summary.md").write_text(f"# {experiment}: task {task.name}\n\n{table}")

@@ -10,6 +10,7 @@ from tasks.errors import DataError, TaskConfigError
 __all__ = [
     "ConfigError",
     "DataError",
+    "DistributedError",
     "IncompatibleModelError",
     "ModelConfigError",
     "NonFiniteLossError",
@@ -32,6 +33,10 @@ class IncompatibleModelError(Exception):
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or Inf; training stopped, the last good checkpoint is kept."""
+
+
+class DistributedError(RuntimeError):
+    """A collective failed: another rank died or hung past the timeout (one line)."""
 
 
 USER_ERRORS = (ConfigError, IncompatibleModelError, ModelConfigError, DataError, TaskConfigError)

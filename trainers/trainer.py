@@ -12,6 +12,13 @@ Data order is a function of (seed, epoch) alone, and every random generator
 is checkpointed, so a resumed run reproduces the uninterrupted one exactly.
 Model selection uses the validation split; the test split is evaluated once,
 at the end, on the best validation model.
+
+Under ``torchrun`` (a process group exists) the same loop is data parallel
+(``trainers.distributed``): each rank takes its shard of the global batch
+(``batch_size`` x world size), the gradients are averaged over ranks right
+after ``compute_grads``, evaluation sums are reduced over ranks, and only
+rank 0 writes logs, metrics and checkpoints. A checkpoint records the global
+batch, so a run continues with any number of ranks that keeps it.
 """
 
 import copy
@@ -28,8 +35,9 @@ from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonalit
 from trainers.agreement import gradient_agreement
 from trainers.checkpoint import load_checkpoint, save_atomic, write_text_atomic
 from trainers.config import TrainConfig
+from trainers.distributed import DataParallel, local_device
 from trainers.engine import GradientEngine, trainable_parameters
-from trainers.errors import ConfigError, NonFiniteLossError
+from trainers.errors import ConfigError, DistributedError, NonFiniteLossError
 from trainers.logger import RunLogger, run_directory
 from trainers.optim import build_optimizer, build_scheduler
 from trainers.options import as_dict, parse_options
@@ -97,7 +105,8 @@ class Trainer:
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})
         self.cfg = cfg
-        self.device = torch.device(cfg.device)
+        self.parallel = DataParallel()
+        self.device = torch.device(local_device(cfg.device))
         self.dtype = getattr(torch, cfg.dtype)
         engine.check(model)
         self.model = model.to(device=self.device, dtype=self.dtype)
@@ -118,35 +127,50 @@ class Trainer:
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
         self._order = None  # (epoch, permutation of the training rows)
+        last = len(task.train) % self.global_batch
+        if 0 < last < self.parallel.world_size:
+            raise ConfigError(
+                f"the last batch of each epoch holds {last} sample(s), fewer than the {self.parallel.world_size} "
+                f"ranks; choose a --batch-size for which {len(task.train)} training samples leave none or "
+                f"at least {self.parallel.world_size} over")
 
     # ----------------------------------------------------------------- data
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all ranks: ``batch_size`` x world size."""
+        return self.cfg.batch_size * self.parallel.world_size
+
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.task.train) / self.cfg.batch_size)
+        return math.ceil(len(self.task.train) / self.global_batch)
 
     def _batch(self, step: int):
-        """The batch of global ``step``: epoch permutation from (seed, epoch) only."""
+        """This rank's shard of the batch of global ``step``: epoch permutation from (seed, epoch) only."""
         epoch, index = divmod(step, self.steps_per_epoch())
         if self._order is None or self._order[0] != epoch:
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
             self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
-        rows = self._order[1][index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
+        rows = self.parallel.shard(self._order[1][index * self.global_batch:(index + 1) * self.global_batch])
         inputs, targets = self.task.train.inputs[rows], self.task.train.targets[rows]
         return _to_device(inputs, self.device, self.dtype), targets.to(self.device)
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict[str, float]:
-        """Mean loss and metric over a split, in eval mode (no dropout)."""
+        """Mean loss and metric over a split, in eval mode (no dropout); each rank evaluates its shard."""
         data = getattr(self.task, split)
         was_training = self.model.training
         self.model.eval()
-        total_loss, total_metric, n = 0.0, 0.0, len(data)
-        for start in range(0, n, self.cfg.eval_batch_size):
-            x = _to_device(data.inputs[start:start + self.cfg.eval_batch_size], self.device, self.dtype)
-            y = data.targets[start:start + self.cfg.eval_batch_size].to(self.device)
+        total_loss, total_metric = 0.0, 0.0
+        rows = self.parallel.shard(torch.arange(len(data)))
+        for start in range(0, len(rows), self.cfg.eval_batch_size):
+            batch = rows[start:start + self.cfg.eval_batch_size]
+            x = _to_device(data.inputs[batch], self.device, self.dtype)
+            y = data.targets[batch].to(self.device)
             out = self.model(x)
             total_loss += self.task.loss_fn(out, y).item() * len(y)
             total_metric += float(self.task.metric(out, y)) * len(y)
         self.model.train(was_training)
+        total_loss, total_metric = self.parallel.sums([total_loss, total_metric])
+        n = len(data)
         result = {"loss": total_loss / n}
         if self.task.metric_name == "perplexity":
             result["perplexity"] = math.exp(min(result["loss"], 50.0))
@@ -173,19 +197,29 @@ class Trainer:
             "rng": rng_state(),
             "best": self.best,
             "config": as_dict(self.cfg),
+            "world_size": self.parallel.world_size,
+            "global_batch": self.global_batch,
             "engine_name": self.engine.name,
             "task": self.task.name,
         }
 
     def save_checkpoint(self) -> Path | None:
-        """Write ``checkpoint.pt`` in the run directory atomically."""
-        if self.run_dir is None:
+        """Write ``checkpoint.pt`` in the run directory atomically (rank 0 only)."""
+        if self.run_dir is None or not self.parallel.is_main:
             return None
         return save_atomic(self._checkpoint_state(), self.run_dir / CHECKPOINT)
 
     def _restore(self, state: dict) -> None:
         if state["engine_name"] != self.engine.name:
             raise ConfigError(f"checkpoint was written by trainer '{state['engine_name']}', not '{self.engine.name}'")
+        world = state.get("world_size", 1)
+        batch = state.get("global_batch", state["config"]["batch_size"] * world)
+        if batch != self.global_batch:
+            raise ConfigError(
+                f"checkpoint was trained with a global batch of {batch} ({batch // world} per rank x {world} "
+                f"rank(s)); this run's is {self.global_batch} ({self.cfg.batch_size} x {self.parallel.world_size}): "
+                f"pass --batch-size {batch // self.parallel.world_size} to continue it"
+                + ("" if batch % self.parallel.world_size == 0 else " on a number of ranks that divides it"))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler:
@@ -209,20 +243,24 @@ class Trainer:
         cfg = self.cfg
         self.scheduler = build_scheduler(self.optimizer, cfg, total)
         ckpt = self.run_dir / CHECKPOINT if self.run_dir is not None else None
-        resuming = resume and ckpt is not None and ckpt.exists()
-        if ckpt is not None and not resuming and not self.overwrite and (self.run_dir / "metrics.jsonl").exists():
-            raise ConfigError(f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite")
+        # rank 0 reads the run directory; every rank gets its verdict (and the checkpoint)
+        found = self.parallel.broadcast_object(self._previous_run(ckpt, resume) if self.parallel.is_main else None)
+        if isinstance(found, str):
+            raise ConfigError(found)
+        resuming = found is not None
         if resuming:
-            self._restore(load_checkpoint(ckpt, map_location=self.device))
+            self._restore(found)
         else:
             seed_everything(cfg.seed)
-            if ckpt is not None:
+            if ckpt is not None and self.parallel.is_main:
                 ckpt.unlink(missing_ok=True)
-        logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if self.run_dir else None
+        self.parallel.broadcast_module(self.model)  # one replica, whatever each rank initialised
+        writes = self.run_dir is not None and self.parallel.is_main
+        logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if writes else None
         eval_every = cfg.eval_every or self.steps_per_epoch()
-        # no bar when asked, or when stderr is not a terminal (logs, CI): tqdm's disable=None
-        bar = tqdm(total=total, initial=self.step, disable=None if cfg.progress else True, desc=self.engine.name,
-                   leave=False)
+        # no bar when asked, on ranks other than 0, or when stderr is not a terminal (logs, CI): tqdm's disable=None
+        bar = tqdm(total=total, initial=self.step, disable=None if cfg.progress and self.parallel.is_main else True,
+                   desc=self.engine.name, leave=False)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
@@ -235,16 +273,18 @@ class Trainer:
                 if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:
                     scalars.update(self._agreement_scalars(x, y))
                 # gradients, clip, step, schedule, orthogonality upkeep
-                loss, lr, step_s = self._train_step(x, y, ckpt)
+                loss, lr, samples, step_s = self._train_step(x, y, ckpt)
                 self.step += 1
                 bar.update(1)
                 # log
                 if self.step % cfg.log_every == 0 or self.step == total:
-                    scalars.update(self._train_scalars(loss, lr, step_s, len(y)))
+                    scalars.update(self._train_scalars(loss, lr, step_s, samples))
                     bar.set_postfix(loss=f"{loss:.4f}")
                 # evaluate, keep the best validation model
                 evaluated = self.step % eval_every == 0 or self.step == total
                 if evaluated:
+                    self.parallel.average_running_stats(self.model)
+                    self.parallel.check_in_sync(self.model)
                     val = self.evaluate("val")
                     scalars.update({f"eval/{k}": v for k, v in val.items()})
                     if self._better(val):
@@ -259,14 +299,16 @@ class Trainer:
                         logger.flush()
                     self.save_checkpoint()
                 self.step_times.append(time.perf_counter() - t_iter)
-        except BaseException:
+        except BaseException as err:
             if logger:
                 logger.close()
+            if isinstance(err, DistributedError) and ckpt is not None and ckpt.exists():
+                raise DistributedError(f"{err}; the last checkpoint is {ckpt}") from None
             raise
         finally:
             bar.close()
         report = self._final_report()
-        if logger:
+        if logger:  # rank 0 of a run with a directory
             logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
             logger.log_hparams(
                 {**self.engine.hparams(), **{k: v for k, v in as_dict(cfg).items() if k != "progress"},
@@ -281,12 +323,22 @@ class Trainer:
             write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
         return report
 
-    def _train_step(self, x, y, ckpt) -> tuple[float, float, float]:
-        """One update; returns (loss, learning rate used, seconds)."""
+    def _previous_run(self, ckpt, resume: bool):
+        """The checkpoint to resume from, None to start afresh, or why neither is allowed (a str)."""
+        if ckpt is None:
+            return None
+        if resume and ckpt.exists():
+            return load_checkpoint(ckpt)
+        if not self.overwrite and (self.run_dir / "metrics.jsonl").exists():
+            return f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite"
+        return None
+
+    def _train_step(self, x, y, ckpt) -> tuple[float, float, int, float]:
+        """One update; returns (global mean loss, learning rate used, global batch, seconds)."""
         t0 = time.perf_counter()
         # the engine stands where loss.backward() would
         out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
-        loss = out.loss.item()
+        loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item())
         if not math.isfinite(loss):
             kept = f", last good checkpoint kept at {ckpt}" if ckpt is not None and ckpt.exists() else ""
             raise NonFiniteLossError(f"loss is {loss} at step {self.step}; training stopped{kept}")
@@ -300,7 +352,7 @@ class Trainer:
             project_(self.model)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return loss, lr, time.perf_counter() - t0
+        return loss, lr, samples, time.perf_counter() - t0
 
     def _train_scalars(self, loss, lr, step_s, batch) -> dict[str, float]:
         scalars = {

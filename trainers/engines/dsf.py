@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
+from trainers.distributed import mean_over_ranks
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
@@ -189,7 +190,8 @@ class DSF(TimeParallel):
         elif kind == "tied":  # a_t carries g_{t+1} back to t: the gate at step t+1 (last entry unused)
             a = torch.cat([gate[:, 1:], torch.zeros_like(gate[:, :1])], dim=1)
         else:  # gate: the mean since the last refresh, refreshed every `refresh` steps
-            self.gate_sum[index] = self.gate_sum.get(index, 0) + gate.mean(dim=(0, 1)).double()
+            batch_mean = mean_over_ranks(gate.mean(dim=(0, 1)).double(), gate.shape[0])  # the global batch's
+            self.gate_sum[index] = self.gate_sum.get(index, 0) + batch_mean
             if index not in self.a or self.steps % self.options.refresh == 0:
                 self.a[index] = self.gate_sum[index] / (self.gate_count + 1)
             a = self.a[index]

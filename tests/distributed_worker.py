@@ -1,0 +1,90 @@
+"""Run under torchrun with 2 ranks by tests/test_distributed.py: the DataParallel collectives.
+
+Exits 0 and prints "ok" on rank 0 when every check holds; an assertion stops it otherwise.
+"""
+
+import torch
+from torch import nn
+
+from trainers.distributed import DataParallel, init_distributed, mean_over_ranks
+from trainers.errors import DistributedError
+
+here = init_distributed("gloo", timeout_s=30)
+assert here.active and here.world_size == 2, here
+torch.manual_seed(0)  # one model on both ranks
+model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+params = list(model.parameters())
+
+# a shard of rank r is rows r, r + 2, ...; the two shards cover the batch once
+rows = torch.arange(7)
+assert here.shard(rows).tolist() == list(range(here.rank, 7, 2))
+
+# gradients: the sample-weighted mean, sum_r n_r g_r / sum_r n_r, and the global mean loss
+counts, losses = [4, 3], [1.5, 0.25]
+grads = [[torch.full_like(p, float(r + 1)) * (i + 1) for i, p in enumerate(params)] for r in range(2)]
+for p, g in zip(params, grads[here.rank]):
+    p.grad = g.clone()
+loss, total = here.average_gradients(params, counts[here.rank], losses[here.rank])
+assert total == 7 and abs(loss - (4 * 1.5 + 3 * 0.25) / 7) < 1e-15, (loss, total)
+for i, p in enumerate(params):
+    expected = (4 * grads[0][i] + 3 * grads[1][i]) / 7
+    torch.testing.assert_close(p.grad, expected, rtol=1e-15, atol=0)
+
+# an engine statistic over the global batch (DSF's gate mean)
+value = torch.tensor([1.0, 2.0], dtype=torch.float64) * (here.rank + 1)
+torch.testing.assert_close(mean_over_ranks(value, counts[here.rank]), torch.tensor([10 / 7, 20 / 7], dtype=torch.float64))
+
+# sums of metrics; rank 0's object and weights everywhere
+assert here.sums([here.rank + 1.0, 2.0]) == [3.0, 4.0]
+assert here.broadcast_object({"rank": here.rank}) == {"rank": 0}
+if here.rank == 1:
+    with torch.no_grad():
+        for p in params:
+            p.add_(1.0)
+here.broadcast_module(model)
+torch.manual_seed(0)
+reference = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+# BatchNorm running statistics: the mean over ranks
+bn = model[1]
+bn.running_mean.fill_(2.0 * here.rank)
+here.average_running_stats(model)
+assert torch.equal(bn.running_mean, torch.ones(4, dtype=torch.float64))
+
+# replicas in sync pass; one changed weight on one rank fails on every rank
+here.check_in_sync(model)
+if here.rank == 1:
+    with torch.no_grad():
+        params[0][0, 0] += 1e-12
+try:
+    here.check_in_sync(model)
+except DistributedError as err:
+    assert "out of sync" in str(err)
+else:
+    raise AssertionError("check_in_sync missed a weight that differs on one rank")
+
+# the Trainer: each rank trains on its half of the global batch and evaluates its half of a split
+import tasks  # noqa: E402
+import trainers  # noqa: E402
+
+task = tasks.build("teacher", n_train=40, n_val=9, n_test=9, in_features=4, num_classes=3)
+net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+trainer = trainers.Trainer(net, trainers.build_engine("backprop"), task, batch_size=4, dtype="float64",
+                           progress=False)
+assert trainer.global_batch == 8 and trainer.steps_per_epoch() == 5
+x, _ = trainer._batch(0)
+assert len(x) == 4
+mine = {tuple(row.tolist()) for row in x}
+theirs = here.broadcast_object(mine) if here.rank == 0 else here.broadcast_object(None)
+assert here.is_main or not mine & theirs, "both ranks got the same rows"
+with torch.no_grad():  # the whole split on this rank alone, against the sharded, reduced evaluation
+    out = net(task.val.inputs.double())
+    whole = task.loss_fn(out, task.val.targets).item()
+assert abs(trainer.evaluate("val")["loss"] - whole) < 1e-12
+
+here.barrier()
+if here.is_main:
+    print("ok")
+assert DataParallel().world_size == 2
+torch.distributed.destroy_process_group()

@@ -1,0 +1,212 @@
+"""Data parallel training under torchrun: 2 CPU ranks (gloo, loopback) against one process.
+
+Each test launches real processes: ``torchrun --standalone`` runs the unchanged
+scripts/train.py and compare.py, and the results are compared with a single
+process that trains on the same global batch (float64).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT
+from trainers.cli import compare_main, train_main
+from trainers.distributed import DataParallel, _buckets
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+       "MASTER_ADDR": "127.0.0.1"}
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TRAIN, COMPARE = str(ROOT / "scripts" / "train.py"), str(ROOT / "scripts" / "compare.py")
+QUIET = ["--progress", "false", "--dtype", "float64"]
+
+
+def torchrun(*args, timeout=240, check=True):
+    """Run a script on 2 ranks; returns the CompletedProcess."""
+    proc = subprocess.run([*TORCHRUN, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def records(run_dir):
+    """metrics.jsonl without the timing and memory scalars."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "memory/"))} for line in lines]
+
+
+def assert_same_records(a, b, rel=1e-10):
+    assert [r.keys() for r in a] == [r.keys() for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        for key in ra:
+            assert ra[key] == pytest.approx(rb[key], rel=rel, abs=1e-12), (ra["step"], key)
+
+
+def assert_same_weights(ckpt_a, ckpt_b, tol=1e-10):
+    a = torch.load(ckpt_a, weights_only=False)["model"]
+    b = torch.load(ckpt_b, weights_only=False)["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=tol, atol=tol, msg=name)
+
+
+# copy task on a 2-layer GRU: losses at every step, so DSF and Highway-BP use their time paths;
+# 50 training rows = 3 batches of 16 and one of 2 (one row per rank), odd val/test sizes
+RECURRENT = ["--model", "rnn_lm", "--cell", "gru", "--hidden", "8", "--depth", "2", "--task", "copy",
+             "--vocab-size", "10", "--task-option", "length=3", "--task-option", "delay=4",
+             "--task-option", "n_train=50", "--task-option", "n_val=13", "--task-option", "n_test=11",
+             "--steps", "5", "--eval-every", "2", "--lr", "0.05", "--seeds", "0", "--grad-agreement-every", "0",
+             "--highway-k", "2", "--dsf-feedback", "gate", "--dsf-refresh", "2"]
+# FOTON on the orthogonal (Bjorck-projected) MLP of the default comparison, digits
+ORTHOGONAL = ["--trainers", "foton", "--steps", "4", "--eval-every", "2", "--lr", "0.01", "--seeds", "0",
+              "--grad-agreement-every", "0", "--epochs", "1"]
+
+
+@pytest.mark.parametrize("flags, engines", [(RECURRENT + ["--trainers", "backprop,highway,dsf"],
+                                             ["backprop", "highway", "dsf"]),
+                                            (ORTHOGONAL, ["foton"])], ids=["recurrent", "foton"])
+def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, flags, engines):
+    """compare.py on 2 ranks x batch 8 == one process x batch 16: weights to 1e-10, metrics to 1e-10."""
+    torchrun(COMPARE, *flags, *QUIET, "--batch-size", 8, "--logdir", tmp_path / "two")
+    assert compare_main([*flags, *QUIET, "--batch-size", "16", "--logdir", str(tmp_path / "one")]) == 0
+    experiment = "compare-copy" if "copy" in flags else "compare-digits"
+    for engine in engines:
+        two, one = (tmp_path / side / experiment / engine / "seed0" for side in ("two", "one"))
+        assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
+        assert_same_records(records(two), records(one))
+        r2, r1 = (json.loads((d / "result.json").read_text()) for d in (two, one))
+        assert r2["test"] == pytest.approx(r1["test"], rel=1e-10)
+        assert r2["best_step"] == r1["best_step"]
+    assert (tmp_path / "two" / experiment / "summary.md").exists()
+    if len(engines) > 1:  # the engines really differ here, so each one's own path was compared
+        final = {e: torch.load(tmp_path / "one" / experiment / e / "seed0" / "checkpoint.pt",
+                               weights_only=False)["model"] for e in engines}
+        for e in engines[1:]:
+            assert max((final[e][k] - final["backprop"][k]).abs().max() for k in final[e]) > 1e-6, e
+
+
+def test_collectives_on_two_ranks():
+    """Sharding, weighted gradient average, reductions, broadcast, BatchNorm stats, the sync guard."""
+    proc = torchrun(ROOT / "tests" / "distributed_worker.py")
+    assert proc.stdout.strip().endswith("ok")
+
+
+def _worker_pids(parent: int) -> dict[int, int]:
+    """{rank: pid} of the torchrun workers below ``parent`` (Linux /proc)."""
+    found, todo = {}, [parent]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        todo += [int(c) for c in children]
+        ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
+        if ranks and pid != parent:
+            found[int(ranks[0])] = pid
+    return found
+
+
+def _wait_for_checkpoint(ckpt, step, proc, deadline_s=120):
+    deadline = time.time() + deadline_s
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint at step >= {step} (exit code {proc.poll()})")
+
+
+SLOW = ["--task", "teacher", "--task-option", "n_train=1024", "--task-option", "in_features=32", "--width", "64",
+        "--depth", "3", "--steps", "300", "--checkpoint-every", "1", "--eval-every", "50", "--log-every", "10",
+        "--experiment", "e", *QUIET]
+
+
+def test_killed_rank_stops_the_job_and_its_checkpoint_resumes_on_one_process(tmp_path):
+    """SIGKILL rank 1 of 2: torchrun exits non-zero, the checkpoint loads, and resuming it on one
+    process with the same global batch ends with the metrics of an uninterrupted run."""
+    run = tmp_path / "killed" / "e" / "backprop" / "seed0"
+    proc = subprocess.Popen([*TORCHRUN, TRAIN, *SLOW, "--batch-size", "16", "--dist-timeout", "30",
+                             "--logdir", str(tmp_path / "killed")], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_checkpoint(run / "checkpoint.pt", 20, proc)
+        os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL)
+        start = time.time()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and time.time() - start < 30, err[-2000:]
+    state = torch.load(run / "checkpoint.pt", weights_only=False)  # a whole file
+    assert 20 <= state["step"] < 300 and state["world_size"] == 2 and state["global_batch"] == 32
+
+    # the global batch must stay 32: --batch-size 16 on one process is refused in one line
+    assert train_main([*SLOW, "--batch-size", "16", "--logdir", str(tmp_path / "killed"), "--resume"]) == 2
+    assert train_main([*SLOW, "--batch-size", "32", "--logdir", str(tmp_path / "killed"), "--resume"]) == 0
+    assert train_main([*SLOW, "--batch-size", "32", "--logdir", str(tmp_path / "whole")]) == 0
+    whole = tmp_path / "whole" / "e" / "backprop" / "seed0"
+    assert_same_records(records(run), records(whole))
+    assert_same_weights(run / "checkpoint.pt", whole / "checkpoint.pt")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hung_rank_stops_the_others_within_the_timeout(tmp_path):
+    """Rank 1 stopped (SIGSTOP, alive but silent): rank 0 gives up after --dist-timeout with one
+    clear line and exit code 1; its last checkpoint loads."""
+    env = {**ENV, "WORLD_SIZE": "2", "MASTER_PORT": str(_free_port())}
+    cmd = [sys.executable, TRAIN, *SLOW, "--batch-size", "16", "--dist-timeout", "3", "--logdir", str(tmp_path)]
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    ckpt = tmp_path / "e" / "backprop" / "seed0" / "checkpoint.pt"
+    try:
+        _wait_for_checkpoint(ckpt, 20, procs[0])
+        procs[1].send_signal(signal.SIGSTOP)
+        start = time.time()
+        _, err = procs[0].communicate(timeout=60)
+        waited = time.time() - start
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 1, err[-2000:]
+    assert waited < 3 + 20
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "another rank died or hangs" in lines[0] and "checkpoint" in lines[0], err[-2000:]
+    assert 20 <= torch.load(ckpt, weights_only=False)["step"] < 300
+
+
+def test_rank_0_refusal_reaches_every_rank(tmp_path):
+    """A run directory that already holds a run: rank 0 refuses, and the job ends at once (no rank
+    waits for the timeout); nothing is overwritten."""
+    flags = [TRAIN, "--task", "teacher", "--steps", "2", "--batch-size", "8", *QUIET, "--logdir", tmp_path]
+    torchrun(*flags)
+    metrics = next(tmp_path.rglob("metrics.jsonl"))
+    before = metrics.read_text()
+    proc = torchrun(*flags, "--dist-timeout", "600", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "already holds a run; pass --resume" in proc.stderr
+    assert metrics.read_text() == before
+
+
+def test_one_process_is_one_rank_and_buckets_split_by_size_and_dtype():
+    here = DataParallel()
+    assert (here.rank, here.world_size, here.is_main, here.active) == (0, 1, True, False)
+    rows = torch.arange(5)
+    assert here.shard(rows) is rows
+    assert here.sums([1.5, 2.0]) == [1.5, 2.0]
+    p = [torch.nn.Parameter(torch.zeros(n, dtype=dt)) for n, dt in
+         ((10, torch.float32), (10, torch.float32), (300, torch.float32), (4, torch.float64), (4, torch.float32))]
+    sizes = [[q.numel() for q in b] for b in _buckets(p, limit=100)]
+    assert sizes == [[10, 10], [300], [4], [4]]

@@ -1,0 +1,248 @@
+"""Data parallelism over ``torch.distributed``: shards, gradient averaging, reductions.
+
+Launch any script with ``torchrun`` and every rank holds a whole replica of
+the model. At each step rank r takes its shard of the global batch (rows
+r, r + W, r + 2W, ... of it, W = world size), its engine writes ``.grad``
+for that shard, and the Trainer averages them, weighted by shard size:
+
+    g = sum_r n_r g_r / sum_r n_r
+
+an all-reduce of ``n_r g_r`` in buckets. For a loss that is a mean over
+samples this is the gradient of the whole global batch, whatever engine
+computed ``g_r`` (backprop, highway, dsf, foton, pepita, ... are linear in the
+per-sample losses), so every rank then steps identically. DDP's autograd hooks
+are not used: forward-only and iterative engines write ``.grad`` without a
+backward pass.
+
+Without a process group (a plain ``python`` run) ``DataParallel()`` is one
+rank and every method is the identity, at no cost.
+"""
+
+import contextlib
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainers.errors import ConfigError, DistributedError
+
+__all__ = ["DataParallel", "init_distributed", "launched_distributed", "local_device", "mean_over_ranks"]
+
+BACKENDS = ("auto", "gloo", "nccl")
+BUCKET_BYTES = 25 * 2**20  # as DistributedDataParallel's default bucket
+
+
+def launched_distributed() -> bool:
+    """True under ``torchrun`` (or any launcher that sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def local_device(device: str) -> str:
+    """``cuda`` means this rank's GPU (``cuda:LOCAL_RANK``) under a launcher; anything else is kept."""
+    if device == "cuda" and launched_distributed():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return device
+
+
+def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: str = "cpu") -> "DataParallel":
+    """Join the job's process group if a launcher started this process; one rank otherwise.
+
+    ``backend="auto"``: NCCL when the device is a GPU, gloo on the CPU. ``timeout_s``
+    bounds every collective: a rank that dies or hangs stops the others with
+    ``DistributedError`` instead of a silent wait.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if not timeout_s > 0:
+        raise ConfigError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    if not launched_distributed() or dist.is_initialized():
+        return DataParallel()
+    on_gpu = torch.device(device).type == "cuda"
+    if backend == "auto":
+        backend = "nccl" if on_gpu else "gloo"
+    if backend == "nccl" and not (on_gpu and torch.cuda.is_available()):
+        raise ConfigError("--dist-backend nccl needs --device cuda and a GPU; use gloo on the CPU")
+    if on_gpu:
+        torch.cuda.set_device(torch.device(local_device(device)))
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as err:
+        raise DistributedError(f"could not join the process group ({backend}): {_first_line(err)}") from None
+    return DataParallel()
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def mean_over_ranks(value: torch.Tensor, count: int) -> torch.Tensor:
+    """The mean over all ranks of per-rank means ``value``, each over ``count`` samples.
+
+    For engines whose running state is an average over the batch (DSF's gate
+    feedback): with it, every rank holds the global batch's statistic.
+    """
+    return DataParallel().weighted_mean(value, count)
+
+
+class DataParallel:
+    """This process's place in the job (rank, world size) and the collectives the Trainer needs.
+
+    Read from ``torch.distributed`` when a process group exists; a single rank
+    otherwise. Collective failures (a dead or hung peer past the timeout)
+    raise ``DistributedError`` on the ranks still alive.
+    """
+
+    def __init__(self):
+        self.active = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.active else 0
+        self.world_size = dist.get_world_size() if self.active else 1
+        self.active = self.active and self.world_size > 1
+        self.backend = dist.get_backend() if self.active else None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes logs, metrics and checkpoints."""
+        return self.rank == 0
+
+    def __repr__(self):
+        return f"DataParallel(rank={self.rank}, world_size={self.world_size}, backend={self.backend})"
+
+    # ------------------------------------------------------------ data
+    def shard(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch (or split): rows[rank::world_size]."""
+        return rows[self.rank::self.world_size] if self.active else rows
+
+    # ----------------------------------------------------- collectives
+    def _collective(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (RuntimeError, dist.DistError) as err:
+            raise DistributedError(
+                f"rank {self.rank} of {self.world_size}: {what} failed, another rank died or hangs "
+                f"({_first_line(err)})") from None
+
+    def _all_reduce(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        self._collective(what, dist.all_reduce, tensor)
+        return tensor
+
+    def sums(self, values: list[float]) -> list[float]:
+        """Element-wise sums over ranks of ``values`` (float64)."""
+        if not self.active:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self._device())
+        return self._all_reduce(t, "summing metrics").tolist()
+
+    def weighted_mean(self, value: torch.Tensor, count: int) -> torch.Tensor:
+        """sum_r count_r value_r / sum_r count_r (see ``mean_over_ranks``)."""
+        if not self.active:
+            return value
+        flat = torch.cat([value.reshape(-1) * count, value.new_full((1,), count)])
+        self._all_reduce(flat, "averaging engine statistics")
+        return (flat[:-1] / flat[-1]).reshape(value.shape)
+
+    def average_gradients(self, params: list[nn.Parameter], count: int, loss: float) -> tuple[float, int]:
+        """Replace every ``p.grad`` by the sample-weighted mean over ranks (module docstring).
+
+        ``count``: samples of this rank's shard; ``loss``: its mean loss.
+        Returns the global batch's mean loss and sample count.
+        """
+        if not self.active:
+            return loss, count
+        loss_sum, total = self.sums([loss * count, float(count)])
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        if missing:  # the engine contract; a mismatch across ranks would hang the all-reduce
+            raise RuntimeError(f"the engine left .grad unset for {len(missing)} trainable parameter(s)")
+        scale = count / total
+        pending = []
+        for bucket in _buckets(params):
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket]).mul_(scale)
+            pending.append((bucket, flat, self._collective("averaging gradients", dist.all_reduce, flat,
+                                                           async_op=True)))
+        for bucket, flat, work in pending:
+            self._collective("averaging gradients", work.wait)
+            for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad.copy_(g.view_as(p.grad))
+        return loss_sum / total, int(total)
+
+    def broadcast_object(self, obj, what: str = "sharing rank 0's state"):
+        """Rank 0's ``obj`` on every rank (pickled)."""
+        if not self.active:
+            return obj
+        box = [obj if self.is_main else None]
+        self._collective(what, dist.broadcast_object_list, box, src=0)
+        return box[0]
+
+    @torch.no_grad()
+    def broadcast_module(self, module: nn.Module) -> None:
+        """Copy rank 0's parameters and buffers into every rank's module, in place."""
+        if not self.active:
+            return
+        for t in [*module.parameters(), *module.buffers()]:
+            self._collective("sharing rank 0's weights", dist.broadcast, t.data, src=0)
+
+    @torch.no_grad()
+    def average_running_stats(self, module: nn.Module) -> None:
+        """Average BatchNorm running means and variances over ranks (each rank saw its shard)."""
+        if not self.active:
+            return
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+                for t in (m.running_mean, m.running_var):
+                    self._all_reduce(t, "averaging BatchNorm statistics").div_(self.world_size)
+
+    @torch.no_grad()
+    def check_in_sync(self, module: nn.Module) -> None:
+        """Raise ``DistributedError`` unless every rank holds bit-identical parameters.
+
+        Compares two float64 fingerprints (sum and a position-weighted sum of
+        every parameter) across ranks: after identical averaged gradients,
+        optimizer steps and orthogonality projections they must agree exactly.
+        """
+        if not self.active:
+            return
+        fp = torch.zeros(2, dtype=torch.float64)
+        for i, p in enumerate(module.parameters()):
+            q = p.detach().double().reshape(-1)
+            position = torch.arange(1, q.numel() + 1, device=q.device, dtype=torch.float64)
+            fp += torch.stack([q.sum(), (q * position).sum() * (i + 1)]).cpu()
+        fp = fp.to(self._device())
+        every = [torch.empty_like(fp) for _ in range(self.world_size)]
+        self._collective("comparing weights across ranks", dist.all_gather, every, fp)
+        if any(not torch.equal(every[0], f) for f in every[1:]):
+            raise DistributedError(f"rank {self.rank} of {self.world_size}: the ranks' weights differ; "
+                                   "the replicas went out of sync")
+
+    def barrier(self) -> None:
+        if self.active:
+            self._collective("waiting for the other ranks", dist.barrier)
+
+    @contextlib.contextmanager
+    def main_first(self):
+        """Rank 0 runs the block first (a download, a cache fill), then the others."""
+        if self.active and not self.is_main:
+            self.barrier()
+        yield
+        if self.active and self.is_main:
+            self.barrier()
+
+    def _device(self):
+        """Where small collective tensors live: the GPU for NCCL, the CPU for gloo."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+
+def _buckets(params: list[nn.Parameter], limit: int = BUCKET_BYTES) -> list[list[nn.Parameter]]:
+    """Consecutive parameters of one device and dtype, about ``limit`` bytes per bucket."""
+    buckets, current, size, key = [], [], 0, None
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        if current and ((p.device, p.dtype) != key or size + nbytes > limit):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+        key = (p.device, p.dtype)
+    if current:
+        buckets.append(current)
+    return buckets
