@@ -59,10 +59,10 @@ def assert_same_weights(ckpt_a, ckpt_b, tol=1e-10):
 
 
 # copy task on a 2-layer GRU: losses at every step, so DSF and Highway-BP use their time paths;
-# 50 training rows = 3 batches of 16 and one of 2 (one row per rank), odd val/test sizes
+# 51 training rows = 3 batches of 16 and one of 3 (2 rows on rank 0, 1 on rank 1), odd val/test sizes
 RECURRENT = ["--model", "rnn_lm", "--cell", "gru", "--hidden", "8", "--depth", "2", "--task", "copy",
              "--vocab-size", "10", "--task-option", "length=3", "--task-option", "delay=4",
-             "--task-option", "n_train=50", "--task-option", "n_val=13", "--task-option", "n_test=11",
+             "--task-option", "n_train=51", "--task-option", "n_val=13", "--task-option", "n_test=11",
              "--steps", "5", "--eval-every", "2", "--lr", "0.05", "--seeds", "0", "--grad-agreement-every", "0",
              "--highway-k", "2", "--dsf-feedback", "gate", "--dsf-refresh", "2"]
 # FOTON on the orthogonal (Bjorck-projected) MLP of the default comparison, digits
