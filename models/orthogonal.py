@@ -53,6 +53,8 @@ __all__ = [
     "bjorck",
     "polar",
     "project_",
+    "projected_weights",
+    "project_weights_",
     "orthogonality_error",
     "trainable_weight",
     "route_weight_grad",
@@ -273,19 +275,27 @@ def project_(model: nn.Module) -> None:
     orthogonal by construction and skipped; a model without projected layers
     is a no-op. Call it after every ``optimizer.step()``.
     """
-    groups: dict[tuple, list[Tensor]] = {}
-    seen: set[int] = set()
+    project_weights_(projected_weights(model))
+
+
+def projected_weights(model: nn.Module) -> list[tuple[Tensor, Projection]]:
+    """``(weight, marker)`` of every projected layer of ``model``, in module order, tied weights once."""
+    found, seen = [], set()
     for module in model.modules():
         mark = getattr(module, _MARK, None)
-        if not isinstance(mark, Projection):
-            continue
-        w = module.weight
-        if id(w) in seen:  # shared (tied) weights: project once
-            continue
-        seen.add(id(w))
-        key = (mark.method, mark.iters, tuple(w.shape), w.dtype, w.device)
-        groups.setdefault(key, []).append(w)
+        if isinstance(mark, Projection) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            found.append((module.weight, mark))
+    return found
 
+
+@torch.no_grad()
+def project_weights_(entries: list[tuple[Tensor, Projection]]) -> None:
+    """Project the given ``(weight, marker)`` pairs in place (see :func:`project_`), one batched
+    call per (method, iters, shape, dtype, device)."""
+    groups: dict[tuple, list[Tensor]] = {}
+    for w, mark in entries:
+        groups.setdefault((mark.method, mark.iters, tuple(w.shape), w.dtype, w.device), []).append(w)
     for (method, iters, _, _, _), weights in groups.items():
         X = weights[0] if len(weights) == 1 else torch.stack(weights)
         P = bjorck(X, iters) if method == "bjorck" else polar(X)

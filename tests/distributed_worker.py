@@ -3,6 +3,8 @@
 Exits 0 and prints "ok" on rank 0 when every check holds; an assertion stops it otherwise.
 """
 
+import copy
+
 import torch
 from torch import nn
 
@@ -82,6 +84,29 @@ with torch.no_grad():  # the whole split on this rank alone, against the sharded
     out = net(task.val.inputs.double())
     whole = task.loss_fn(out, task.val.targets).item()
 assert abs(trainer.evaluate("val")["loss"] - whole) < 1e-12
+
+# ranks draw different random numbers (dropout masks) once training runs; rank 0 the single-process stream
+trainer.fit(steps=2)
+draw = torch.rand(4)
+assert here.is_main or not torch.equal(draw, here.broadcast_object(None)), "ranks share dropout masks"
+if here.is_main:
+    here.broadcast_object(draw)
+
+# the orthogonality projection split over ranks: each rank projects half, all end with the same weights
+import models  # noqa: E402
+from models.orthogonal import project_  # noqa: E402
+
+torch.manual_seed(1)
+ortho = models.build("mlp", in_features=6, out_features=6, depth=5, width=6, orthogonal="bjorck").double()
+with torch.no_grad():
+    for p in ortho.parameters():
+        p.add_(0.01 * torch.randn_like(p))  # the same step on both ranks, off the orthogonal set
+reference = copy.deepcopy(ortho)
+project_(reference)
+here.project_(ortho)
+for a, b in zip(ortho.parameters(), reference.parameters()):
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
+here.check_in_sync(ortho)
 
 here.barrier()
 if here.is_main:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from models.orthogonal import project_weights_, projected_weights
 from trainers.errors import ConfigError, DistributedError
 
 __all__ = ["DataParallel", "init_distributed", "launched_distributed", "local_device", "mean_over_ranks"]
@@ -173,6 +174,21 @@ class DataParallel:
         box = [obj if self.is_main else None]
         self._collective(what, dist.broadcast_object_list, box, src=0)
         return box[0]
+
+    @torch.no_grad()
+    def project_(self, model: nn.Module) -> None:
+        """``models.orthogonal.project_`` split over ranks: rank r projects the projected layers
+        r, r + W, ... and sends them to the others, so every replica holds the same orthogonal
+        weights and each rank does 1/W of the (batch-independent) projection work."""
+        entries = projected_weights(model)
+        if not self.active:
+            project_weights_(entries)
+            return
+        project_weights_(entries[self.rank::self.world_size])
+        works = [self._collective("sharing projected weights", dist.broadcast, w.data, src=i % self.world_size,
+                                  async_op=True) for i, (w, _) in enumerate(entries)]
+        for work in works:
+            self._collective("sharing projected weights", work.wait)
 
     @torch.no_grad()
     def broadcast_module(self, module: nn.Module) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error, project_
+from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
 from trainers.agreement import gradient_agreement
 from trainers.checkpoint import load_checkpoint, save_atomic, write_text_atomic
 from trainers.config import TrainConfig
@@ -267,6 +267,8 @@ class Trainer:
         try:
             while self.step < total:
                 t_iter = time.perf_counter()
+                if self.parallel.rank > 0:  # rank 0 keeps the checkpointed stream; others draw their own masks
+                    torch.manual_seed(hash((cfg.seed, self.parallel.rank, self.step)) % 2**63)
                 x, y = self._batch(self.step)
                 scalars = {}
                 # agreement with exact backprop (leaves model, engine and RNG untouched)
@@ -348,8 +350,8 @@ class Trainer:
         self.optimizer.step()
         if self.scheduler:
             self.scheduler.step()
-        if self.needs_projection:
-            project_(self.model)
+        if self.needs_projection:  # split over ranks under torchrun, same result
+            self.parallel.project_(self.model)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss, lr, samples, time.perf_counter() - t0
