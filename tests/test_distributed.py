@@ -210,3 +210,23 @@ def test_one_process_is_one_rank_and_buckets_split_by_size_and_dtype():
          ((10, torch.float32), (10, torch.float32), (300, torch.float32), (4, torch.float64), (4, torch.float32))]
     sizes = [[q.numel() for q in b] for b in _buckets(p, limit=100)]
     assert sizes == [[10, 10], [300], [4], [4]]
+
+
+def test_two_machines_meet_at_a_rendezvous_endpoint(tmp_path):
+    """The README's multi-node command, both 'machines' on loopback: torchrun --nnodes 2 with a c10d
+    rendezvous, one process each, trains the weights of one process with the same global batch."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    flags = ["--task", "teacher", "--steps", "4", "--eval-every", "2", *QUIET]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test", TRAIN, *flags,
+            "--batch-size", "8", "--logdir", str(tmp_path / "two")]
+    nodes = [subprocess.Popen(node, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for proc in nodes:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-2000:]
+    assert train_main([*flags, "--batch-size", "16", "--logdir", str(tmp_path / "one")]) == 0
+    two, one = (tmp_path / side / "train" / "backprop" / "seed0" for side in ("two", "one"))
+    assert torch.load(two / "checkpoint.pt", weights_only=False)["world_size"] == 2
+    assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
+    assert_same_records(records(two), records(one))

@@ -321,6 +321,7 @@ class Trainer:
             logger.close()
             record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
                       "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(cfg),
+                      "world_size": self.parallel.world_size, "global_batch": self.global_batch,
                       "model": self.meta}
             write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
         return report
