@@ -230,3 +230,20 @@ def test_two_machines_meet_at_a_rendezvous_endpoint(tmp_path):
     assert torch.load(two / "checkpoint.pt", weights_only=False)["world_size"] == 2
     assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
     assert_same_records(records(two), records(one))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dist-timeout", "0"], "--dist-timeout must be > 0"),
+    (["--dist-backend", "nccl"], "the nccl backend needs --device cuda"),
+    (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"], "GPU"),
+    (["--device", "tpu9"], "is not a torch device"),
+])
+def test_bad_launch_options_exit_2_in_one_line(monkeypatch, capsys, flags, message):
+    """Under a launcher (RANK and WORLD_SIZE set), bad backend, timeout or device flags are refused
+    before any process group is joined."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train_main(["--task", "teacher", "--steps", "1", "--progress", "false", "--logdir", "unused", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not torch.distributed.is_initialized()

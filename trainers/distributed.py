@@ -14,6 +14,12 @@ per-sample losses), so every rank then steps identically. DDP's autograd hooks
 are not used: forward-only and iterative engines write ``.grad`` without a
 backward pass.
 
+Shards are cut from each global batch of the Trainer's (seed, epoch)
+permutation, not by ``torch.utils.data.DistributedSampler``: that sampler pads
+the epoch with repeated samples so that every rank gets as many, which would
+make N ranks train on other data than one process. Here the global batches
+are exactly one process's, and a short last batch is weighted by its shards.
+
 Without a process group (a plain ``python`` run) ``DataParallel()`` is one
 rank and every method is the identity, at no cost.
 """
@@ -60,13 +66,20 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
         raise ConfigError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
     if not launched_distributed() or dist.is_initialized():
         return DataParallel()
-    on_gpu = torch.device(device).type == "cuda"
+    try:
+        on_gpu = torch.device(device).type == "cuda"
+    except RuntimeError:
+        raise ConfigError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
     if backend == "auto":
         backend = "nccl" if on_gpu else "gloo"
     if backend == "nccl" and not (on_gpu and torch.cuda.is_available()):
-        raise ConfigError("--dist-backend nccl needs --device cuda and a GPU; use gloo on the CPU")
+        raise ConfigError("the nccl backend needs --device cuda and a visible GPU; on the CPU use gloo")
     if on_gpu:
-        torch.cuda.set_device(torch.device(local_device(device)))
+        mine = torch.device(local_device(device))
+        if mine.index is not None and mine.index >= torch.cuda.device_count():
+            raise ConfigError(f"this rank's GPU {mine} does not exist ({torch.cuda.device_count()} GPU(s)); start "
+                              "one process per GPU, or share one with --device cuda:0 --dist-backend gloo")
+        torch.cuda.set_device(mine)
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     except (RuntimeError, ValueError) as err:
