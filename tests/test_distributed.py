@@ -75,13 +75,16 @@ ORTHOGONAL = ["--trainers", "foton", "--steps", "4", "--eval-every", "2", "--lr"
                                             (ORTHOGONAL, ["foton"])], ids=["recurrent", "foton"])
 def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, flags, engines):
     """compare.py on 2 ranks x batch 8 == one process x batch 16: weights to 1e-10, metrics to 1e-10."""
-    torchrun(COMPARE, *flags, *QUIET, "--batch-size", 8, "--logdir", tmp_path / "two")
+    proc = torchrun(COMPARE, *flags, *QUIET, "--batch-size", 8, "--logdir", tmp_path / "two")
+    assert proc.stdout.count("| run | seeds |") == 1  # rank 0 prints the table, rank 1 nothing
     assert compare_main([*flags, *QUIET, "--batch-size", "16", "--logdir", str(tmp_path / "one")]) == 0
     experiment = "compare-copy" if "copy" in flags else "compare-digits"
     for engine in engines:
         two, one = (tmp_path / side / experiment / engine / "seed0" for side in ("two", "one"))
         assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
         assert_same_records(records(two), records(one))
+        writers = {f.name.rsplit(".", 2)[1] for f in two.glob("events.out.tfevents.*")}  # their pids
+        assert len(writers) == 1  # one writer: rank 0
         r2, r1 = (json.loads((d / "result.json").read_text()) for d in (two, one))
         assert r2["test"] == pytest.approx(r1["test"], rel=1e-10)
         assert r2["best_step"] == r1["best_step"]
