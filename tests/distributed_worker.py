@@ -108,6 +108,35 @@ for a, b in zip(ortho.parameters(), reference.parameters()):
     torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
 here.check_in_sync(ortho)
 
+# Highway-BP's adaptive stop measures ||d|| / ||w|| over the global batch: every rank stops where
+# one process on the concatenated batch would, although each shard alone would stop elsewhere
+from trainers.engines.highway import highway_iterations  # noqa: E402
+
+sizes, decay = [4, 2], [0.05, 0.9]  # rank 0's paths fade at once, rank 1's slowly
+torch.manual_seed(2)
+e_all = [torch.randn(6, n, 3, dtype=torch.float64) for n in sizes]
+carry = torch.full((6, 1, 1), 0.5, dtype=torch.float64)
+
+
+def back_for(c):
+    return lambda w: torch.cat([w[1:], torch.zeros_like(w[:1])]) * c
+
+
+def stop(e, c, tol=0.1, k=5):
+    """The iteration at which ||d^m|| <= tol ||w^m||, from fixed-k runs (no collectives: tol = 0)."""
+    ws = [highway_iterations(e, carry, back_for(c), k=m)[0] for m in range(k + 1)]
+    return next((m for m in range(1, k + 1) if (ws[m] - ws[m - 1]).norm() <= tol * ws[m].norm()), k)
+
+
+scale = torch.cat([torch.full((n, 1), n / sum(sizes), dtype=torch.float64) for n in sizes])
+c_all = torch.cat([torch.full((n, 1), d, dtype=torch.float64) for n, d in zip(sizes, decay)])
+together = stop(torch.cat(e_all, dim=1) * scale, c_all)
+alone = [stop(e, torch.tensor(d, dtype=torch.float64)) for e, d in zip(e_all, decay)]
+assert together != alone[0] or together != alone[1], (together, alone)  # the check below can fail
+_, used, _ = highway_iterations(e_all[here.rank], carry, back_for(torch.tensor(decay[here.rank], dtype=torch.float64)),
+                                k=5, tol=0.1, samples=sizes[here.rank])
+assert used == together, (here.rank, used, together, alone)
+
 here.barrier()
 if here.is_main:
     print("ok")

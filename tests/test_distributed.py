@@ -33,7 +33,7 @@ def torchrun(*args, timeout=240, check=True):
     """Run a script on 2 ranks; returns the CompletedProcess."""
     proc = subprocess.run([*TORCHRUN, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}")
     return proc
 
 

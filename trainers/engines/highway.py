@@ -44,6 +44,7 @@ Two structures (``trainers.protocols``):
 
 import copy
 import dataclasses
+import math
 import weakref
 from collections.abc import Callable
 from typing import Literal
@@ -55,6 +56,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from models.dropout import ConsistentDropout
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
+from trainers.distributed import DataParallel
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
@@ -74,7 +76,7 @@ def _shift(w: torch.Tensor, dim: int) -> torch.Tensor:
 
 def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[torch.Tensor], torch.Tensor], *,
                        k: int, tol: float = 0.0, fpi: bool = False, dim: int = 0,
-                       method: str = "auto") -> tuple[torch.Tensor, int, float]:
+                       method: str = "auto", samples: int = 1) -> tuple[torch.Tensor, int, float]:
     """w^k along ``dim`` (module docstring): (w^k, iterations run, last ||d|| / ||w|| or 0).
 
     Args:
@@ -86,6 +88,9 @@ def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[tor
         k: iterations; at most n - 1 run (no path crosses more branches).
         tol: if > 0, stop once ||d^m|| <= tol ||w^m|| (k is the cap).
         fpi: the fixed-point-iteration baseline: K = 0 and J_j + K_j in place of J_j.
+        samples: this rank's batch size. Under torchrun the norms of ``tol`` are those of the
+            global batch's d and w (rank r's part is n_r / N times its own), so every rank
+            stops at the same iteration as one process would.
     """
     if fpi:
         branch_back = back
@@ -105,7 +110,8 @@ def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[tor
         w = w + delta
         used += 1
         if tol > 0:
-            rel = float(delta.norm() / w.norm().clamp_min(torch.finfo(w.dtype).tiny))
+            d2, w2 = DataParallel().sums([(samples * float(delta.norm())) ** 2, (samples * float(w.norm())) ** 2])
+            rel = math.sqrt(d2 / w2) if w2 > 0 else 0.0 if d2 == 0 else math.inf
             if rel <= tol:
                 break
     return w, used, rel
@@ -287,14 +293,15 @@ class Highway(GradientEngine):
 
     def _iterate(self, e, carry, back, dim):
         w, used, rel = highway_iterations(e, carry, back, k=self.options.k, tol=self.options.tol,
-                                          fpi=self.options.mode == "fpi", dim=dim, method=self.options.scan)
+                                          fpi=self.options.mode == "fpi", dim=dim, method=self.options.scan,
+                                          samples=self._samples)
         self._used.append(used)
         self._rel.append(rel)
         return w
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         self.check(model)
-        self._used, self._rel = [], []
+        self._used, self._rel, self._samples = [], [], len(inputs)
         params = [p for _, p in trainable_parameters(model)]
         if isinstance(model, ResidualStack):
             outputs, loss, by_param = self._depth_step(model, params, inputs, targets, loss_fn)
