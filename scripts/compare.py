@@ -5,9 +5,8 @@
     python scripts/compare.py --trainers backprop --model residual_mlp --seeds 0,1
 """
 
-import sys
-
 from trainers.cli import compare_main
+from trainers.distributed import exit_process
 
 if __name__ == "__main__":
-    sys.exit(compare_main())
+    exit_process(compare_main())

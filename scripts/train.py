@@ -5,9 +5,8 @@
     python scripts/train.py --help      # lists trainers, models and tasks
 """
 
-import sys
-
 from trainers.cli import train_main
+from trainers.distributed import exit_process
 
 if __name__ == "__main__":
-    sys.exit(train_main())
+    exit_process(train_main())

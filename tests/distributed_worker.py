@@ -8,7 +8,7 @@ import copy
 import torch
 from torch import nn
 
-from trainers.distributed import DataParallel, init_distributed, mean_over_ranks
+from trainers.distributed import DataParallel, exit_process, init_distributed, mean_over_ranks
 from trainers.errors import DistributedError
 
 here = init_distributed("gloo", timeout_s=30)
@@ -141,4 +141,4 @@ here.barrier()
 if here.is_main:
     print("ok")
 assert DataParallel().world_size == 2
-torch.distributed.destroy_process_group()
+exit_process(0)  # closes the group; no interpreter finalization racing gloo's threads

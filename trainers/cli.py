@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 import models
 import tasks
@@ -137,19 +136,15 @@ def join_job(args) -> DataParallel:
 def run_cli(main) -> int:
     """Run ``main()``; user errors -> one line + exit 2; a NaN loss or a lost rank -> one line + exit 1.
 
-    Under torchrun every rank prints its own error (prefixed with its rank), and
-    the process group is closed on success.
+    Under torchrun every rank prints its own error (prefixed with its rank); the
+    scripts end with ``trainers.distributed.exit_process``, which closes the group.
     """
     try:
-        code = main() or 0
+        return main() or 0
     except USER_ERRORS as err:
         code, message = 2, str(err)
     except (NonFiniteLossError, DistributedError) as err:
         code, message = 1, str(err)
-    else:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return code
     here = DataParallel()
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
     print(f"error: {prefix}{message}", file=sys.stderr)
