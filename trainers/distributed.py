@@ -180,23 +180,26 @@ class DataParallel:
     def average_gradients(self, params: list[nn.Parameter], count: int, loss: float) -> tuple[float, int]:
         """Replace every ``p.grad`` by the sample-weighted mean over ranks (module docstring).
 
-        ``count``: samples of this rank's shard; ``loss``: its mean loss.
-        Returns the global batch's mean loss and sample count.
+        ``count``: samples of this rank's shard; ``loss``: its mean loss. One
+        all-reduce per bucket of ``count * grad``; the shard's loss sum and size
+        ride along at the end of the first bucket. Returns the global batch's
+        mean loss and sample count.
         """
         if not self.active:
             return loss, count
-        loss_sum, total = self.sums([loss * count, float(count)])
         missing = [i for i, p in enumerate(params) if p.grad is None]
         if missing:  # the engine contract; a mismatch across ranks would hang the all-reduce
             raise RuntimeError(f"the engine left .grad unset for {len(missing)} trainable parameter(s)")
-        scale = count / total
-        pending = []
-        for bucket in _buckets(params):
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket]).mul_(scale)
-            pending.append((bucket, flat, self._collective("averaging gradients", dist.all_reduce, flat,
-                                                           async_op=True)))
-        for bucket, flat, work in pending:
+        buckets = _buckets(params) or [[]]
+        flats = [torch.cat([p.grad.reshape(-1) for p in bucket]).mul_(count) if bucket
+                 else torch.zeros(0, dtype=torch.float64, device=self._device()) for bucket in buckets]
+        flats[0] = torch.cat([flats[0], flats[0].new_tensor([loss * count, count])])
+        works = [self._collective("averaging gradients", dist.all_reduce, flat, async_op=True) for flat in flats]
+        for work in works:
             self._collective("averaging gradients", work.wait)
+        loss_sum, total = flats[0][-2:].tolist()
+        for bucket, flat in zip(buckets, flats):
+            flat = flat[:sum(p.numel() for p in bucket)].div_(total)
             for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
                 p.grad.copy_(g.view_as(p.grad))
         return loss_sum / total, int(total)
@@ -219,10 +222,16 @@ class DataParallel:
             project_weights_(entries)
             return
         project_weights_(entries[self.rank::self.world_size])
-        works = [self._collective("sharing projected weights", dist.broadcast, w.data, src=i % self.world_size,
-                                  async_op=True) for i, (w, _) in enumerate(entries)]
-        for work in works:
+        pending = []  # one broadcast per owner (and dtype/device), not one per layer
+        for owner in range(self.world_size):
+            for bucket in _buckets([w for w, _ in entries[owner::self.world_size]]):
+                flat = torch.cat([w.reshape(-1) for w in bucket])
+                pending.append((bucket, flat, self._collective("sharing projected weights", dist.broadcast, flat,
+                                                               src=owner, async_op=True)))
+        for bucket, flat, work in pending:
             self._collective("sharing projected weights", work.wait)
+            for w, new in zip(bucket, flat.split([w.numel() for w in bucket])):
+                w.copy_(new.view_as(w))
 
     @torch.no_grad()
     def broadcast_module(self, module: nn.Module) -> None:
