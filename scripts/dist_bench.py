@@ -3,9 +3,10 @@
 For every (model, engine) below, scripts/train.py runs the same number of steps
 with the same global batch three ways: one process with every thread, one
 process with one thread, and N processes under torchrun (threads split evenly).
-Each cell is the median over the timed steps of rank 0's ``time/samples_per_s``
-(global batch / step time, gradient all-reduce included; warm-up steps and
-evaluation excluded). On ``--device cuda`` every process takes its own GPU, and
+Each cell is the median over ``--repeats`` runs (the three ways interleaved)
+of the median over the timed steps of rank 0's ``time/samples_per_s`` (global
+batch / step time, gradient all-reduce included; warm-up steps and evaluation
+excluded). On ``--device cuda`` every process takes its own GPU, and
 the N-process runs need N GPUs.
 
     python scripts/dist_bench.py --out bench_out/dist            # CPU, N = 2
@@ -70,12 +71,13 @@ def main(argv=None) -> int:
     parser.add_argument("--procs", type=int, default=2, help="processes of the data-parallel runs (default 2)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run (default 40)")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell, interleaved; the median is kept")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--setups", default=None, help="comma list of model names to keep (e.g. mlp,rnn_lm)")
     parser.add_argument("--out", default="bench_out/dist")
     args = parser.parse_args(argv)
-    if args.procs < 1 or args.steps < 20:
-        print("error: --procs must be >= 1 and --steps >= 20", file=sys.stderr)
+    if args.procs < 1 or args.steps < 20 or args.repeats < 1:
+        print("error: --procs and --repeats must be >= 1 and --steps >= 20", file=sys.stderr)
         return 2
     cores = os.cpu_count() or 1
     on_gpu = args.device.startswith("cuda")
@@ -89,10 +91,15 @@ def main(argv=None) -> int:
             if keep and not any(model.startswith(k) for k in keep):
                 continue
             for engine in engines:
-                row = {"model": model, "engine": engine, "global batch": batch}
-                for label, procs, threads in ways:
-                    row[label] = run_train(engine, flags, batch, procs, threads, args, Path(tmp))
-                    print(f"{model:32s} {engine:9s} {label:22s} {row[label]:10.1f} samples/s", flush=True)
+                runs = {label: [] for label, _, _ in ways}
+                for _ in range(args.repeats):
+                    for label, procs, threads in ways:
+                        runs[label].append(run_train(engine, flags, batch, procs, threads, args, Path(tmp)))
+                row = {"model": model, "engine": engine, "global batch": batch,
+                       **{label: statistics.median(r) for label, r in runs.items()}, "runs": runs}
+                for label in runs:
+                    print(f"{model:32s} {engine:9s} {label:22s} {row[label]:10.1f} samples/s "
+                          f"(runs: {', '.join(f'{v:.0f}' for v in runs[label])})", flush=True)
                 rows.append(row)
     labels = [w[0] for w in ways]
     header = ["model", "engine", "global batch", *[f"{w} (samples/s)" for w in labels]]

@@ -7,10 +7,11 @@ for that shard, and the Trainer averages them, weighted by shard size:
 
     g = sum_r n_r g_r / sum_r n_r
 
-an all-reduce of ``n_r g_r`` in buckets. For a loss that is a mean over
-samples this is the gradient of the whole global batch, whatever engine
-computed ``g_r`` (backprop, highway, dsf, foton, pepita, ... are linear in the
-per-sample losses), so every rank then steps identically. DDP's autograd hooks
+an all-reduce of ``n_r g_r`` in buckets. Every engine here returns a mean
+over the shard's samples of per-sample terms (backprop, highway and dsf of a
+mean loss; foton and pepita of their per-sample updates), so this is the
+estimate one process would compute on the whole global batch, and every rank
+then steps identically. DDP's autograd hooks
 are not used: forward-only and iterative engines write ``.grad`` without a
 backward pass.
 
