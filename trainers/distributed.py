@@ -223,34 +223,30 @@ class DataParallel:
             project_weights_(entries)
             return
         project_weights_(entries[self.rank::self.world_size])
-        pending = []  # one broadcast per owner (and dtype/device), not one per layer
-        for owner in range(self.world_size):
-            for bucket in _buckets([w for w, _ in entries[owner::self.world_size]]):
-                flat = torch.cat([w.reshape(-1) for w in bucket])
-                pending.append((bucket, flat, self._collective("sharing projected weights", dist.broadcast, flat,
-                                                               src=owner, async_op=True)))
-        for bucket, flat, work in pending:
-            self._collective("sharing projected weights", work.wait)
-            for w, new in zip(bucket, flat.split([w.numel() for w in bucket])):
-                w.copy_(new.view_as(w))
+        # one broadcast per owner (and dtype/device), not one per layer
+        self._in_buckets("sharing projected weights", [
+            ([w for w, _ in entries[owner::self.world_size]],
+             lambda flat, owner=owner: dist.broadcast(flat, src=owner, async_op=True))
+            for owner in range(self.world_size)])
 
     @torch.no_grad()
     def broadcast_module(self, module: nn.Module) -> None:
         """Copy rank 0's parameters and buffers into every rank's module, in place."""
         if not self.active:
             return
-        for t in [*module.parameters(), *module.buffers()]:
-            self._collective("sharing rank 0's weights", dist.broadcast, t.data, src=0)
+        self._in_buckets("sharing rank 0's weights", [
+            ([*module.parameters(), *module.buffers()], lambda flat: dist.broadcast(flat, src=0, async_op=True))])
 
     @torch.no_grad()
     def average_running_stats(self, module: nn.Module) -> None:
         """Average BatchNorm running means and variances over ranks (each rank saw its shard)."""
         if not self.active:
             return
-        for m in module.modules():
-            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
-                for t in (m.running_mean, m.running_var):
-                    self._all_reduce(t, "averaging BatchNorm statistics").div_(self.world_size)
+        stats = [t for m in module.modules() if isinstance(m, nn.modules.batchnorm._NormBase)
+                 and m.track_running_stats for t in (m.running_mean, m.running_var)]
+        self._in_buckets("averaging BatchNorm statistics", [(stats, lambda flat: dist.all_reduce(flat, async_op=True))])
+        for t in stats:
+            t.div_(self.world_size)
 
     @torch.no_grad()
     def check_in_sync(self, module: nn.Module) -> None:
@@ -274,6 +270,19 @@ class DataParallel:
             raise DistributedError(f"rank {self.rank} of {self.world_size}: the ranks' weights differ; "
                                    "the replicas went out of sync")
 
+    def _in_buckets(self, what: str, jobs) -> None:
+        """For each ``(tensors, start)`` of ``jobs``: flatten the tensors in buckets, run the
+        collective ``start(flat)`` (async) on each, then copy the results back in place."""
+        pending = []
+        for tensors, start in jobs:
+            for bucket in _buckets(tensors):
+                flat = torch.cat([t.reshape(-1) for t in bucket])
+                pending.append((bucket, flat, self._collective(what, start, flat)))
+        for bucket, flat, work in pending:
+            self._collective(what, work.wait)
+            for t, new in zip(bucket, flat.split([t.numel() for t in bucket])):
+                t.copy_(new.view_as(t))
+
     def barrier(self) -> None:
         if self.active:
             self._collective("waiting for the other ranks", dist.barrier)
@@ -292,8 +301,8 @@ class DataParallel:
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
 
-def _buckets(params: list[nn.Parameter], limit: int = BUCKET_BYTES) -> list[list[nn.Parameter]]:
-    """Consecutive parameters of one device and dtype, about ``limit`` bytes per bucket."""
+def _buckets(params: list[torch.Tensor], limit: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """Consecutive tensors of one device and dtype, about ``limit`` bytes per bucket."""
     buckets, current, size, key = [], [], 0, None
     for p in params:
         nbytes = p.numel() * p.element_size()
