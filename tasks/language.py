@@ -19,12 +19,19 @@ character not seen in training), for ``ptb-word`` id 1 is ``<eos>``; the other t
 follow by decreasing train frequency, ties in code-point order. Val / test tokens
 missing from the vocabulary map to ``<unk>``. ``Task.vocab[i]`` is the token of id ``i``.
 
-Samples: each split is one continuous token stream (lines are not independent, unlike
-the sentence-level PTB setup of the DSF authors, so perplexities are the classic
-continuous-stream kind), cut into non-overlapping windows of ``seq_len + 1`` tokens
-(the remainder is dropped); inputs are ``window[:-1]``, targets ``window[1:]``, both
-int64 ``(N, seq_len)``. Models output ``(seq_len, V)`` logits per sample; the loss is
+Samples: each split is one continuous token stream (the classic continuous-stream
+perplexity), cut into non-overlapping windows of ``seq_len + 1`` tokens (the remainder
+is dropped); inputs are ``window[:-1]``, targets ``window[1:]``, both int64
+``(N, seq_len)``. Models output ``(seq_len, V)`` logits per sample; the loss is
 :func:`tasks.base.sequence_cross_entropy` and the metric perplexity.
+
+``ptb-word`` with ``sentences=True`` is the DSF authors' sentence-level setup
+(arXiv 2503.23104, their PTB data module): every line is one sample
+``<bos> w_1 ... w_n <eos>``, cut to ``seq_len + 1`` tokens and padded with ``<pad>``;
+inputs are ``tokens[:-1]``, targets ``tokens[1:]`` with the padded positions set to
+``IGNORE_INDEX``, so the loss and perplexity count real tokens only. The vocabulary
+then starts ``<unk>, <eos>, <bos>, <pad>``. Sentences are independent: these
+perplexities are not comparable with continuous-stream ones.
 
 PTB copies that hold only the validation and test files (no ``ptb.train.txt``) can be
 used with ``train_file="ptb.valid.txt"``: the train and val splits are then the same
@@ -39,15 +46,17 @@ from pathlib import Path
 
 import torch
 
-from .base import Split, Task, sequence_cross_entropy
+from .base import IGNORE_INDEX, Split, Task, sequence_cross_entropy
 from .download import cache_dir
 from .errors import DataError, TaskConfigError
 from .registry import check_int, register_task
 
-__all__ = ["build_ptb_char", "build_ptb_word", "load_ptb", "tokenize", "build_vocab", "UNK", "EOS", "FILES"]
+__all__ = ["build_ptb_char", "build_ptb_word", "load_ptb", "tokenize", "build_vocab", "UNK", "EOS", "BOS", "PAD", "FILES"]
 
 UNK = "<unk>"
 EOS = "<eos>"
+BOS = "<bos>"
+PAD = "<pad>"
 
 #: File names of the three splits (the train one can be replaced with the ``train_file`` option).
 FILES = {"train": "ptb.train.txt", "val": "ptb.valid.txt", "test": "ptb.test.txt"}
@@ -66,9 +75,12 @@ def tokenize(text: str, level: str) -> list[str]:
     return tokens
 
 
-def build_vocab(tokens: list[str], level: str) -> tuple[str, ...]:
-    """``<unk>`` (and ``<eos>`` for words) first, then the tokens by decreasing count, ties sorted."""
+def build_vocab(tokens: list[str], level: str, sentences: bool = False) -> tuple[str, ...]:
+    """``<unk>`` (and ``<eos>`` for words; ``<bos>``, ``<pad>`` for sentences) first,
+    then the tokens by decreasing count, ties sorted."""
     specials = [UNK, EOS] if level == "word" else [UNK]
+    if sentences:
+        specials += [BOS, PAD]
     counts = Counter(tok for tok in tokens if tok not in specials)
     return tuple(specials + sorted(counts, key=lambda tok: (-counts[tok], tok)))
 
@@ -100,6 +112,19 @@ def _windows(ids: torch.Tensor, seq_len: int, name: str, split: str) -> Split:
     return Split(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
 
 
+def _sentences(lines: list[list[int]], seq_len: int, bos: int, pad: int) -> Split:
+    """One sample per line: ``<bos> ... <eos>`` cut to ``seq_len + 1`` ids, padded (module docstring)."""
+    rows = torch.full((len(lines), seq_len + 1), pad, dtype=torch.int64)
+    lengths = torch.empty(len(lines), dtype=torch.int64)
+    for i, ids in enumerate(lines):
+        ids = [bos, *ids][: seq_len + 1]
+        rows[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        lengths[i] = len(ids)
+    targets = rows[:, 1:].clone()
+    targets[torch.arange(seq_len)[None, :] >= (lengths[:, None] - 1)] = IGNORE_INDEX
+    return Split(rows[:, :-1].contiguous(), targets)
+
+
 def load_ptb(
     name: str,
     level: str,
@@ -107,6 +132,7 @@ def load_ptb(
     seq_len: int,
     train_file: str,
     max_tokens: int | None,
+    sentences: bool = False,
 ) -> Task:
     """Read the three PTB files and build the windowed :class:`Task` (module docstring)."""
     seq_len = check_int(name, "seq_len", seq_len, minimum=1)
@@ -118,13 +144,29 @@ def load_ptb(
     files = {"train": train_file, "val": FILES["val"], "test": FILES["test"]}
     texts = {split: _read(directory, filename, name) for split, filename in files.items()}
 
+    if not isinstance(sentences, bool):
+        raise TaskConfigError(f"task '{name}': sentences must be True or False, got {sentences!r}")
     train_tokens = tokenize(texts["train"], level)
-    vocab = build_vocab(train_tokens, level)
+    vocab = build_vocab(train_tokens, level, sentences)
     index = {tok: i for i, tok in enumerate(vocab)}
     unk = index[UNK]
 
     splits = {}
     for split, text in texts.items():
+        if sentences:  # one sample per non-empty line, up to max_tokens tokens in all
+            lines, total = [], 0
+            for line in text.splitlines():
+                words = line.split()
+                if not words:
+                    continue
+                total += len(words) + 1
+                if max_tokens is not None and total > max_tokens:
+                    break
+                lines.append([index.get(tok, unk) for tok in words] + [index[EOS]])
+            if not lines:
+                raise TaskConfigError(f"task '{name}': the {split} split has no sentence within max_tokens")
+            splits[split] = _sentences(lines, seq_len, index[BOS], index[PAD])
+            continue
         tokens = train_tokens if split == "train" else tokenize(text, level)
         if max_tokens is not None:
             tokens = tokens[:max_tokens]
@@ -166,6 +208,8 @@ def build_ptb_word(
     seq_len: int = 35,
     train_file: str = FILES["train"],
     max_tokens: int | None = None,
+    sentences: bool = False,
 ) -> Task:
-    """Word-level PTB (module docstring); ``seed`` and ``download`` are unused (no randomness, no download)."""
-    return load_ptb("ptb-word", "word", data_dir, seq_len, train_file, max_tokens)
+    """Word-level PTB, a continuous stream or (``sentences=True``) the DSF authors'
+    sentence-level samples (module docstring); ``seed`` and ``download`` are unused."""
+    return load_ptb("ptb-word", "word", data_dir, seq_len, train_file, max_tokens, sentences)

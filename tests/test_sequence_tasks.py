@@ -108,6 +108,45 @@ def test_ptb_word_windows_are_non_overlapping_and_shifted(ptb_dir):
     assert task.metric_name == "perplexity" and task.loss_fn is sequence_cross_entropy
 
 
+def test_ptb_word_sentences_are_bos_eos_padded_and_ignored(ptb_dir):
+    """The DSF authors' sentence-level PTB: one sample per line, <bos> ... <eos>, cut, padded, pads ignored."""
+    task = build("ptb-word", data_dir=ptb_dir, seq_len=5, sentences=True)
+    assert task.vocab[:4] == ("<unk>", "<eos>", "<bos>", "<pad>")
+    assert len(task.train) == 3 and len(task.val) == 2 and len(task.test) == 2
+    pad = task.vocab.index("<pad>")
+    # " the cat sat on the mat ": 7 tokens with <bos>/<eos> -> cut to seq_len + 1 = 6
+    assert decode(task, task.train.inputs[0]) == ["<bos>", "the", "cat", "sat", "on"]
+    assert decode(task, task.train.targets[0]) == ["the", "cat", "sat", "on", "the"]
+    # " the dog sat ": <bos> the dog sat <eos> <pad> -> the last target is ignored, the input padded
+    assert decode(task, task.train.inputs[1]) == ["<bos>", "the", "dog", "sat", "<eos>"]
+    assert decode(task, task.train.targets[1][:4]) == ["the", "dog", "sat", "<eos>"]
+    assert task.train.targets[1][4] == IGNORE_INDEX
+    # " zebra ": <bos> <unk> <eos> then padding
+    assert decode(task, task.test.inputs[1]) == ["<bos>", "<unk>", "<eos>", "<pad>", "<pad>"]
+    assert task.test.targets[1].tolist()[2:] == [IGNORE_INDEX] * 3
+    assert (task.test.inputs[1][3:] == pad).all()
+    # every non-ignored target is the next input token
+    for split in (task.train, task.val, task.test):
+        counted = split.targets[:, :-1] != IGNORE_INDEX
+        assert torch.equal(split.targets[:, :-1][counted], split.inputs[:, 1:][counted])
+    # max_tokens counts words + <eos> per line, as the stream does: 7 + 4 tokens for two lines
+    assert len(build("ptb-word", data_dir=ptb_dir, seq_len=5, sentences=True, max_tokens=11).train) == 2
+    assert len(build("ptb-word", data_dir=ptb_dir, seq_len=5, sentences=True, max_tokens=10).train) == 1
+
+
+def test_evaluation_means_over_counted_tokens(ptb_dir):
+    """Perplexity of padded sentences: every counted token weighs the same, whatever its batch."""
+    task = build("ptb-word", data_dir=ptb_dir, seq_len=8, sentences=True)
+    torch.manual_seed(0)
+    model = __import__("models").build("rnn_lm", in_features=8, out_features=task.num_outputs, hidden=8)
+    trainer = trainers.Trainer(model, trainers.build_engine("backprop"), task, eval_batch_size=1, progress=False)
+    with torch.no_grad():
+        whole = sequence_cross_entropy(model(task.train.inputs), task.train.targets).item()
+    result = trainer.evaluate("train")
+    assert result["loss"] == pytest.approx(whole, rel=1e-6)
+    assert result["perplexity"] == pytest.approx(math.exp(whole), rel=1e-6)
+
+
 def test_ptb_char_tokens_and_shapes(ptb_dir):
     task = build("ptb-char", data_dir=ptb_dir, seq_len=8)
     assert set(task.vocab) == set(TRAIN.replace(" \n ", "\n").strip(" ")) | {"<unk>"}

@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
+from tasks.base import IGNORE_INDEX
 from trainers.agreement import gradient_agreement
 from trainers.checkpoint import load_checkpoint, save_atomic, write_text_atomic
 from trainers.config import TrainConfig
@@ -155,27 +156,32 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict[str, float]:
-        """Mean loss and metric over a split, in eval mode (no dropout); each rank evaluates its shard."""
+        """Mean loss and metric over a split, in eval mode (no dropout); each rank evaluates its shard.
+
+        Batches are weighted by their counted targets (tokens other than ``IGNORE_INDEX``), so
+        the mean is over every counted token of the split, padded sentences included.
+        """
         data = getattr(self.task, split)
         was_training = self.model.training
         self.model.eval()
-        total_loss, total_metric = 0.0, 0.0
+        total_loss, total_metric, counted = 0.0, 0.0, 0.0
         rows = self.parallel.shard(torch.arange(len(data)))
         for start in range(0, len(rows), self.cfg.eval_batch_size):
             batch = rows[start:start + self.cfg.eval_batch_size]
             x = _to_device(data.inputs[batch], self.device, self.dtype)
             y = data.targets[batch].to(self.device)
             out = self.model(x)
-            total_loss += self.task.loss_fn(out, y).item() * len(y)
-            total_metric += float(self.task.metric(out, y)) * len(y)
+            n = float((y != IGNORE_INDEX).sum())
+            total_loss += self.task.loss_fn(out, y).item() * n
+            total_metric += float(self.task.metric(out, y)) * n
+            counted += n
         self.model.train(was_training)
-        total_loss, total_metric = self.parallel.sums([total_loss, total_metric])
-        n = len(data)
-        result = {"loss": total_loss / n}
+        total_loss, total_metric, counted = self.parallel.sums([total_loss, total_metric, counted])
+        result = {"loss": total_loss / counted}
         if self.task.metric_name == "perplexity":
             result["perplexity"] = math.exp(min(result["loss"], 50.0))
         else:
-            result[self.task.metric_name] = total_metric / n
+            result[self.task.metric_name] = total_metric / counted
         return result
 
     def _better(self, val: dict) -> bool:
