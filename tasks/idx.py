@@ -1,8 +1,13 @@
-"""``mnist`` and ``fashion-mnist`` from the standard IDX files.
+"""``mnist``, ``fashion-mnist`` and ``mnist-t10k`` from the standard IDX files.
 
-Files are looked up in ``<data_dir>/mnist/`` and ``<data_dir>/fashion-mnist/``
-(``data_dir`` defaults to the cache, see :func:`tasks.download.cache_dir`); each
-file may be gzipped (``*.gz``, as downloaded) or uncompressed.
+Files are looked up in ``<data_dir>/mnist/``, ``<data_dir>/fashion-mnist/`` and
+``<data_dir>/mnist-t10k/`` (``data_dir`` defaults to the cache, see
+:func:`tasks.download.cache_dir`); each file may be gzipped (``*.gz``, as
+downloaded) or uncompressed.
+
+``mnist-t10k`` is MNIST's 10,000 test images alone, split per class into train /
+val / test (60 / 20 / 20 %, seeded): a small real-image task for machines that
+hold only those two files. Its accuracies are not comparable with MNIST's.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ from .base import Split, Task
 from .download import ensure_file, resolve_root
 from .errors import DataError, TaskConfigError
 from .registry import check_int, register_task
-from .splits import holdout_indices
+from .splits import holdout_indices, stratified_indices
 
-__all__ = ["read_idx", "load_idx_task", "IDX_SETS", "IMAGES_MAGIC", "LABELS_MAGIC"]
+__all__ = ["read_idx", "load_idx_task", "load_t10k_task", "IDX_SETS", "IMAGES_MAGIC", "LABELS_MAGIC"]
 
 IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions
 LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dimension
@@ -105,6 +110,22 @@ def _locate(name: str, directory: Path, base: str, download: bool) -> Path:
     return ensure_file(directory, gz, url, spec["md5"][gz], download=True)
 
 
+def _read_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """28x28 images and their 0..9 labels, checked against each other."""
+    images = read_idx(images_path, IMAGES_MAGIC)
+    labels = read_idx(labels_path, LABELS_MAGIC)
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(
+            f"{images_path} has {images.shape[0]} images but {labels_path} has {labels.shape[0]} labels; "
+            "replace the files"
+        )
+    if images.shape[1:] != (28, 28):
+        raise DataError(f"{images_path} holds {images.shape[1:]} images, expected 28x28")
+    if labels.size and labels.max() > 9:
+        raise DataError(f"{labels_path} has label {labels.max()}, expected 0..9")
+    return images, labels
+
+
 def _normalize(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
     x = torch.from_numpy(images.astype(np.float32))  # a writable float32 copy
     x = x.div_(255.0).sub_(mean).div_(std)
@@ -120,18 +141,7 @@ def load_idx_task(name: str, data_dir=None, download: bool = False, seed: int = 
 
     arrays = {}
     for part in ("train", "test"):
-        images = read_idx(paths[f"{part}_images"], IMAGES_MAGIC)
-        labels = read_idx(paths[f"{part}_labels"], LABELS_MAGIC)
-        if images.shape[0] != labels.shape[0]:
-            raise DataError(
-                f"{paths[f'{part}_images']} has {images.shape[0]} images but {paths[f'{part}_labels']} "
-                f"has {labels.shape[0]} labels; replace the files"
-            )
-        if images.shape[1:] != (28, 28):
-            raise DataError(f"{paths[f'{part}_images']} holds {images.shape[1:]} images, expected 28x28")
-        if labels.size and labels.max() > 9:
-            raise DataError(f"{paths[f'{part}_labels']} has label {labels.max()}, expected 0..9")
-        arrays[part] = (images, labels)
+        arrays[part] = _read_pair(paths[f"{part}_images"], paths[f"{part}_labels"])
 
     n_train = arrays["train"][0].shape[0]
     if val_size >= n_train:
@@ -167,3 +177,35 @@ def build_mnist(data_dir=None, download: bool = False, seed: int = 0, val_size: 
 def build_fashion_mnist(data_dir=None, download: bool = False, seed: int = 0, val_size: int = 5000) -> Task:
     """Fashion-MNIST from ``<data_dir>/fashion-mnist/``; pixels /255 then (x - 0.2860) / 0.3530."""
     return load_idx_task("fashion-mnist", data_dir=data_dir, download=download, seed=seed, val_size=val_size)
+
+
+def load_t10k_task(data_dir=None, download: bool = False, seed: int = 0, val_fraction: float = 0.2,
+                   test_fraction: float = 0.2) -> Task:
+    """``mnist-t10k`` (module docstring): the t10k files of ``<data_dir>/mnist-t10k/``, split per class."""
+    name, spec = "mnist-t10k", IDX_SETS["mnist"]
+    for key, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise TaskConfigError(f"task '{name}': {key} must be in (0, 1), got {value!r}")
+    if val_fraction + test_fraction >= 1:
+        raise TaskConfigError(f"task '{name}': val_fraction + test_fraction must be < 1")
+    directory = resolve_root(data_dir, download) / name
+    located = {}
+    for key in ("test_images", "test_labels"):
+        try:
+            located[key] = _locate("mnist", directory, FILES[key], download)
+        except DataError as err:
+            raise DataError(f"task '{name}': {err}") from None
+    images, labels = _read_pair(located["test_images"], located["test_labels"])
+    x = _normalize(images, spec["mean"], spec["std"])
+    y = torch.from_numpy(labels.astype(np.int64))
+    parts = stratified_indices(y, (val_fraction, test_fraction), seed)
+    train, val, test = (Split(x[idx], y[idx]) for idx in parts)
+    return Task(name=name, train=train, val=val, test=test, input_shape=(1, 28, 28), num_outputs=10)
+
+
+@register_task("mnist-t10k")
+def build_mnist_t10k(data_dir=None, download: bool = False, seed: int = 0, val_fraction: float = 0.2,
+                     test_fraction: float = 0.2) -> Task:
+    """MNIST's 10,000 t10k images split into train / val / test (module docstring)."""
+    return load_t10k_task(data_dir=data_dir, download=download, seed=seed, val_fraction=val_fraction,
+                          test_fraction=test_fraction)

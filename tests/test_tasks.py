@@ -312,6 +312,34 @@ def test_idx_missing_file_names_it_and_the_directory(tmp_path):
     assert "--download" in message
 
 
+def test_mnist_t10k_splits_the_test_files_per_class_into_three_disjoint_splits(tmp_path):
+    raw = make_idx_set(tmp_path / "mnist-t10k", n_train=1, n_test=200)
+    (tmp_path / "mnist-t10k" / "train-images-idx3-ubyte.gz").unlink()  # it needs the t10k files only
+    (tmp_path / "mnist-t10k" / "train-labels-idx1-ubyte.gz").unlink()
+    task = build("mnist-t10k", data_dir=tmp_path, seed=3)
+    assert task.input_shape == (1, 28, 28) and task.num_outputs == 10
+    images, labels = raw["t10k"]
+    seen = []
+    for split in (task.train, task.val, task.test):
+        index = torch.round((split.inputs[:, 0, 0, 0] * 0.3081 + 0.1307) * 255).long()
+        seen.append(set(index.tolist()))
+        torch.testing.assert_close(split.inputs, expected_idx(images[index.numpy()], "mnist"))
+        assert torch.equal(split.targets, torch.from_numpy(labels[index.numpy()].astype(np.int64)))
+    assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
+    assert seen[0] | seen[1] | seen[2] == set(range(200))
+    assert abs(len(task.val) - 40) <= 10 and abs(len(task.test) - 40) <= 10  # 20 % each, rounded per class
+    assert torch.equal(build("mnist-t10k", data_dir=tmp_path, seed=3).val.inputs, task.val.inputs)
+    assert not torch.equal(build("mnist-t10k", data_dir=tmp_path, seed=4).val.inputs, task.val.inputs)
+    for bad in ({"val_fraction": 0}, {"test_fraction": 1.5}, {"val_fraction": 0.5, "test_fraction": 0.5}):
+        with pytest.raises(TaskConfigError) as info:
+            build("mnist-t10k", data_dir=tmp_path, **bad)
+        assert one_line(str(info.value))
+    os.remove(tmp_path / "mnist-t10k" / "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(DataError) as info:
+        build("mnist-t10k", data_dir=tmp_path)
+    assert one_line(str(info.value)) and "t10k-labels-idx1-ubyte" in str(info.value)
+
+
 def test_nonexistent_data_dir_raises_data_error(tmp_path):
     for name in ("mnist", "fashion-mnist", "cifar10"):
         with pytest.raises(DataError) as info:
