@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["plot_comparison", "plot_runs"]
+__all__ = ["plot_comparison", "plot_runs", "layer_grid"]
 
 
 def _curve(histories: list[list[dict]], tag: str):
@@ -19,16 +19,49 @@ def _curve(histories: list[list[dict]], tag: str):
     return np.array(steps), values.mean(0), values.min(0), values.max(0)
 
 
+def layer_grid(histories: list[list[dict]], prefix: str = "grad/cosine/"):
+    """(steps, parameter names, values (params x steps)) of the per-parameter tags ``<prefix><name>``
+    (seed mean, at the steps every seed logged); weights only when the model has any. None when
+    not logged."""
+    names = list(dict.fromkeys(k[len(prefix):] for h in histories for r in h for k in r if k.startswith(prefix)))
+    names = [n for n in names if n.endswith("weight")] or names
+    curves = [_curve(histories, prefix + name) for name in names]
+    if not curves or any(c is None or len(c[0]) != len(curves[0][0]) for c in curves):
+        return None
+    return curves[0][0], names, np.stack([c[1] for c in curves])
+
+
+def _heatmap(ax, fig, title: str, grid, label: str, **style) -> None:
+    steps, names, values = grid
+    image = ax.imshow(values, aspect="auto", origin="lower", interpolation="nearest",
+                      extent=(steps[0], steps[-1], -0.5, len(names) - 0.5), **style)
+    ticks = np.unique(np.linspace(0, len(names) - 1, min(len(names), 10)).round().astype(int))
+    ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7)
+    ax.set_xlabel("step")
+    ax.set_ylabel("parameter (input at the bottom)")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label=label)
+
+
 def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -> None:
-    """One line per trainer (mean over seeds, band = min..max) in three panels.
+    """Curves per trainer (mean over seeds, band = min..max): training loss, validation metric,
+    global gradient cosine; below them, one row per trainer that logged gradient agreement and
+    is not exact: heatmaps of the per-parameter cosine and log10 norm ratio against backprop
+    over steps (the global cosine is dominated by the largest gradients, often the head's, and
+    hides layers that get no useful signal or a wrongly scaled one).
 
     ``histories[trainer]`` is a list (one per seed) of logged records
     (``Trainer.history``); ``metric`` is the eval metric name (e.g. accuracy).
     """
-    panels = [("train/loss", "training loss"), (f"eval/{metric}", f"validation {metric}"),
-              ("grad/cosine_global", "gradient cosine vs backprop")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, (tag, title) in zip(axes, panels):
+    panels = [("train/loss", "training loss", "loss (log scale)"),
+              (f"eval/{metric}", f"validation {metric}", metric),
+              ("grad/cosine_global", "gradient cosine vs backprop (all parameters)", "cosine")]
+    layered = {t: (c, layer_grid(runs, "grad/norm_ratio/")) for t, runs in histories.items()
+               if (c := layer_grid(runs)) is not None and not np.allclose(c[2], 1.0, atol=1e-6)}
+    rows = 1 + len(layered)
+    fig = plt.figure(figsize=(15, 4 * rows))
+    axes = [fig.add_subplot(rows, 3, i + 1) for i in range(3)]
+    for ax, (tag, title, ylabel) in zip(axes, panels):
         for trainer, runs in histories.items():
             curve = _curve(runs, tag)
             if curve is None:
@@ -38,6 +71,7 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if tag == "train/loss":
             ax.set_yscale("log")
@@ -48,6 +82,14 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -
             ax.legend()
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    for row, (trainer, (cosines, ratios)) in enumerate(layered.items(), start=1):
+        _heatmap(fig.add_subplot(rows, 3, 3 * row + 1), fig, f"{trainer}: per-layer gradient cosine vs backprop",
+                 cosines, "cosine (seed mean)", cmap="RdBu", vmin=-1, vmax=1)
+        if ratios is not None:
+            steps, names, values = ratios
+            _heatmap(fig.add_subplot(rows, 3, 3 * row + 2), fig, f"{trainer}: per-layer gradient norm / backprop's",
+                     (steps, names, np.log10(np.maximum(values, 1e-12))), "log10 norm ratio (seed mean)",
+                     cmap="PuOr", vmin=-3, vmax=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

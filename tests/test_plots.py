@@ -1,0 +1,60 @@
+"""comparison.png: labelled axes, and per-layer heatmaps of the gradient agreement of each
+inexact trainer (the global cosine alone is dominated by the largest gradients)."""
+
+import matplotlib.figure
+import numpy as np
+import pytest
+
+from trainers.plots import layer_grid, plot_comparison
+
+
+def history(cosines: dict[str, float], ratio: float, steps=(0, 10, 20)) -> list[dict]:
+    records = []
+    for step in steps:
+        record = {"step": step, "train/loss": 1.0 / (step + 1), "eval/accuracy": 0.5, "grad/cosine_global": 0.9}
+        for name, cos in cosines.items():
+            record[f"grad/cosine/{name}"] = cos
+            record[f"grad/norm_ratio/{name}"] = ratio
+        records.append(record)
+    return records
+
+
+def test_layer_grid_is_the_seed_mean_per_weight_and_step():
+    names = {"layers.0.weight": 0.2, "layers.0.bias": 0.9, "layers.1.weight": 0.6}
+    seeds = [history(names, 2.0), history({k: v + 0.2 for k, v in names.items()}, 4.0)]
+    steps, params, values = layer_grid(seeds)
+    assert list(steps) == [0, 10, 20] and params == ["layers.0.weight", "layers.1.weight"]  # weights only
+    assert np.allclose(values, [[0.3] * 3, [0.7] * 3])
+    assert np.allclose(layer_grid(seeds, "grad/norm_ratio/")[2], 3.0)
+    assert layer_grid([[{"step": 0, "train/loss": 1.0}]]) is None
+
+
+def test_comparison_figure_has_axis_labels_and_a_heatmap_row_per_inexact_trainer(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    layers = {f"layers.{i}.weight": 1.0 for i in range(4)}
+    histories = {"backprop": [history(layers, 1.0)],  # exact: no heatmap row
+                 "foton": [history({k: 0.1 * i for i, k in enumerate(layers)}, 10.0)]}
+    plot_comparison(histories, "accuracy", tmp_path / "c.png")
+    (fig,) = figures
+    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    titles = [ax.get_title() for ax in axes]
+    assert titles[:3] == ["training loss", "validation accuracy", "gradient cosine vs backprop (all parameters)"]
+    assert titles[3:] == ["foton: per-layer gradient cosine vs backprop", "foton: per-layer gradient norm / backprop's"]
+    assert all(ax.get_xlabel() == "step" and ax.get_ylabel() for ax in axes)
+    heat = axes[3].images[0].get_array()
+    assert heat.shape == (4, 3) and np.allclose(heat[:, 0], [0.0, 0.1, 0.2, 0.3])  # input layer at the bottom row
+    assert np.allclose(axes[4].images[0].get_array(), 1.0)  # log10 of a norm ratio of 10
+
+
+def test_no_heatmap_without_per_layer_agreement(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    plot_comparison({"pepita": [[{"step": 1, "train/loss": 1.0}]]}, "accuracy", tmp_path / "c.png")
+    assert len([ax for ax in figures[0].axes if ax.get_label() != "<colorbar>"]) == 3
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "perplexity"])
+def test_the_png_is_written(tmp_path, metric):
+    plot_comparison({"foton": [history({"w.weight": 0.5}, 0.5)]}, metric, tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
