@@ -126,7 +126,7 @@ def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, c
         assert max(e.value for e in acc.Scalars("engine/orthogonality_error")) < 1e-5
         start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
         hparams = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
-        assert hparams["trainer"].string_value == "backprop" and hparams["seed"].number_value == seed
+        assert hparams["_trainer"].string_value == "backprop" and hparams["seed"].number_value == seed
         lines = (run / "metrics.jsonl").read_text().splitlines()
         assert lines and all(line.startswith('{"step": ') for line in lines)
     assert "tensorboard --logdir" in capsys.readouterr().out

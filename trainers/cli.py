@@ -16,6 +16,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -25,12 +26,15 @@ from trainers.compare import compatible, run_comparison
 from trainers.config import TrainConfig
 from trainers.distributed import BACKENDS, DataParallel, init_distributed
 from trainers.errors import USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError
+from trainers.hparams import write_experiment_config
 from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
+from trainers.recipes import recipe_for
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
 from trainers.trainer import Trainer
+from trainers.tuning import parse_grid, select, trainer_grid, trial_name, tune_trainer
 
-__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON"]
+__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup"]
 
 MODEL_FLAGS = {
     # flag dest: (type, help); only flags the user gives reach the model
@@ -107,13 +111,47 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def build_from_args(args, trainer: str, seed: int | None = None):
-    """(engine, task, model, config, model meta) from parsed flags; raises the named user errors."""
-    cfg_options = options_from_args(args, TrainConfig)
+class Setup(NamedTuple):
+    """A fresh, seeded setup of one run, and where each of its settings came from."""
+
+    engine: object
+    task: object
+    model: object
+    config: TrainConfig
+    meta: dict
+    settings: dict
+
+
+def _settings_record(mode: str, recipe, given: set[str], tuned: set[str]) -> dict:
+    """``{"mode", "recipe": {key: source}, "overridden": [keys]}``: the recipe values used, with their
+    sources, and the recipe keys a flag replaced (keys the tuner chose are neither)."""
+    sources = recipe.sources() if recipe is not None else {}
+    return {"mode": mode, "recipe": {k: s for k, s in sources.items() if k not in given | tuned},
+            "overridden": sorted((given - tuned) & set(sources))}
+
+
+def build_from_args(args, trainer: str, seed: int | None = None, settings: str = "shared",
+                    tuned: dict | None = None) -> Setup:
+    """A ``Setup`` from parsed flags; raises the named user errors.
+
+    ``settings="recipe"``: the trainer's recipe (``trainers.recipes``) under the flags the
+    user gave; ``"shared"``: the flags over the ``TrainConfig`` and engine defaults.
+    ``tuned``: ``{"values": {key: value}, ...}`` of ``trainers.tuning`` (keys ``lr`` or
+    ``<trainer>.<option>``), which replace both; the whole dict is recorded.
+    """
+    recipe = recipe_for(trainer, args.model) if settings == "recipe" else None
+    options_cls = engine_class(trainer).Options
+    given_cfg = options_from_args(args, TrainConfig)
+    given_engine = options_from_args(args, options_cls, prefix=f"{trainer}_")
+    given = set(given_cfg) | {f"{trainer}.{k}" for k in given_engine}
+    values = (tuned or {}).get("values", {})
+    given_cfg.update({k: v for k, v in values.items() if "." not in k})
+    given_engine.update({k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(f"{trainer}.")})
+    cfg_options = {**(recipe.train_values() if recipe else {}), **given_cfg}
     if seed is not None:
         cfg_options["seed"] = seed
     cfg = parse_options(TrainConfig, cfg_options)
-    engine = build_engine(trainer, **options_from_args(args, engine_class(trainer).Options, prefix=f"{trainer}_"))
+    engine = build_engine(trainer, **{**(recipe.engine_values() if recipe else {}), **given_engine})
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
     with DataParallel().main_first():  # one download per job: rank 0 fills the cache, then the others read it
@@ -125,7 +163,10 @@ def build_from_args(args, trainer: str, seed: int | None = None):
     model_options.setdefault("out_features", task.num_outputs)
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
-    return engine, task, model, cfg, {"name": args.model, **model_options}
+    record = _settings_record(settings, recipe, given, set(values))
+    if tuned:
+        record["tuned"] = tuned
+    return Setup(engine, task, model, cfg, {"name": args.model, **model_options}, record)
 
 
 def join_job(args) -> DataParallel:
@@ -156,29 +197,40 @@ def train_main(argv=None) -> int:
     parser = base_parser("Train a zoo model on a task with one gradient engine.")
     parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
     parser.add_argument("--experiment", default="train", help="experiment folder under --logdir (default: train)")
+    add_settings_flag(parser, default="shared")
     args = parser.parse_args(argv)
 
     def main():
         if args.epochs < 1 and args.steps is None:
             raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
         here = join_job(args)
-        engine, task, model, cfg, meta = build_from_args(args, args.trainer)
-        trainer = Trainer(model, engine, task, config=cfg, logdir=args.logdir, experiment=args.experiment,
-                          run_name=args.run_name, overwrite=args.overwrite, meta=meta)
+        setup = build_from_args(args, args.trainer, settings=args.settings)
+        trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=args.logdir,
+                          experiment=args.experiment, run_name=args.run_name, overwrite=args.overwrite,
+                          meta=setup.meta, settings=setup.settings)
         report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume)
         if here.is_main:
+            write_experiment_config(Path(args.logdir) / args.experiment)
             print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
 
     return run_cli(main)
 
 
-# The comparison ``scripts/compare.py`` runs with no arguments (a few minutes on 2 CPU cores);
-# flags replace single entries, and ``--model`` drops the model entries.
+# The comparison ``scripts/compare.py`` runs with no arguments (under a minute on 2 CPU cores);
+# flags replace single entries, and ``--model`` drops the model entries. Optimizer settings
+# come from each trainer's recipe (``trainers.recipes``), so none may appear here.
 DEFAULT_COMPARISON = dict(
     task="digits", model="mlp", model_depth=4, model_width="64", model_activation="tanh",
-    model_orthogonal="bjorck", epochs=30, seeds="0,1,2", lr=1e-3, batch_size=64,
-    grad_agreement_every=10,
+    model_orthogonal="bjorck", epochs=30, seeds="0,1,2", grad_agreement_every=10,
 )
+
+
+def add_settings_flag(parser, default: str) -> None:
+    """``--settings recipe|shared`` (``trainers.recipes``)."""
+    parser.add_argument("--settings", choices=("recipe", "shared"), default=default,
+                        help="recipe: each trainer's published (or measured) optimizer, learning rate, batch size "
+                             "and engine options, see trainers/recipes.py; shared: the same defaults for every "
+                             f"trainer. Flags you give override both (default: {default})")
 
 
 def _int_list(text: str) -> list[int]:
@@ -208,6 +260,17 @@ def compare_main(argv=None) -> int:
                         help="comma list of trainers (default: every trainer compatible with the model)")
     parser.add_argument("--seeds", help="comma list of seeds")
     parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
+    add_settings_flag(parser, default="recipe")
+    group = parser.add_argument_group("tuning (trainers/tuning.py)")
+    group.add_argument("--tune", action="store_true",
+                       help="first search each trainer's settings on the validation split (one seed; default grid: "
+                            "its learning rate x 10^(-1, -0.5, 0, 0.5, 1), 5 runs per trainer), then run the seeds at "
+                            "each trainer's best point; the test split is evaluated on those runs only")
+    group.add_argument("--tune-grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="a grid dimension (repeatable): lr or another training option, or an engine option "
+                            "as TRAINER.OPTION, e.g. --tune-grid foton.temperature=1,4,8; the budget per trainer "
+                            "is the product of the dimensions")
+    group.add_argument("--tune-seed", type=int, default=None, help="seed of the trials (default: the first seed)")
     model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
     parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
                            if not (model_given and k.startswith("model"))})
@@ -219,14 +282,17 @@ def compare_main(argv=None) -> int:
         if not seeds:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
-            _, _, probe, _, _ = build_from_args(args, "backprop", seeds[0])
+            probe = build_from_args(args, "backprop", seeds[0]).model
             names = [t for t in available() if compatible(t, probe)]
         else:
             names = [t.strip() for t in args.trainers.split(",") if t.strip()]
         experiment = args.experiment or f"compare-{args.task}"
         if args.run_name is not None and len(names) != 1:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
-        out = run_comparison(lambda t, s: build_from_args(args, t, s), names, seeds, logdir=args.logdir,
+        if args.tune_grid and not args.tune:
+            raise ConfigError("--tune-grid is a grid for --tune; pass --tune too")
+        tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
+        out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds, logdir=args.logdir,
                              run_name=args.run_name,
                              experiment=experiment, epochs=None if args.steps else args.epochs,
                              steps=args.steps, resume=args.resume, overwrite=True)
@@ -234,8 +300,31 @@ def compare_main(argv=None) -> int:
             print(out["table"])
             print(f"runs, summary.md and comparison.png in {out['dir']}")
             print(f"tensorboard --logdir {out['dir']}")
+        if out["failures"]:
+            names = ", ".join(f"{f['run']} seed {f['seed']}" for f in out["failures"])
+            raise NonFiniteLossError(f"{len(out['failures'])} run(s) stopped on a non-finite loss ({names}); "
+                                     f"the others finished, see {out['dir'] / 'summary.md'}")
 
     return run_cli(main)
+
+
+def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) -> dict[str, dict]:
+    """``--tune``: each trainer's grid search (``trainers.tuning``); returns trainer -> its record."""
+    grid = parse_grid(args.tune_grid, names)
+    seed = seeds[0] if args.tune_seed is None else args.tune_seed
+    base = {t: build_from_args(args, t, seed, args.settings) for t in names}  # every setup checked first
+    records = {}
+    for t in names:
+        record = tune_trainer(lambda tr, s, values: build_from_args(args, tr, s, args.settings, {"values": values}),
+                              t, trainer_grid(grid, t, base[t].config.lr), seed, logdir=args.logdir,
+                              experiment=experiment, epochs=None if args.steps else args.epochs, steps=args.steps,
+                              resume=args.resume)
+        records[t] = {"values": record["best"], "grid": record["grid"], "budget": record["budget"], "seed": seed}
+        if here.is_main:
+            best = select(record["trials"], record["metric"])
+            print(f"tuned {t}: {trial_name(record['best'])} (best val {record['metric']} "
+                  f"{best['best_val'][record['metric']]:.4f}, {record['budget']} trials on seed {seed})")
+    return records
 
 
 def bench_main(argv=None) -> int:

@@ -9,14 +9,16 @@ import json
 import statistics
 from pathlib import Path
 
+from trainers.checkpoint import write_text_atomic
 from trainers.distributed import DataParallel
-from trainers.errors import IncompatibleModelError
+from trainers.errors import IncompatibleModelError, NonFiniteLossError
+from trainers.hparams import write_experiment_config
 from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
 from trainers.registry import engine_class
 from trainers.trainer import Trainer
 
-__all__ = ["run_comparison", "summary_table", "experiment_runs", "compatible", "collect_results", "pivot_cells", "pivot_table"]
+__all__ = ["run_comparison", "summary_table", "settings_table", "failure_notes", "write_summary", "experiment_failures", "experiment_runs", "compatible", "collect_results", "pivot_cells", "pivot_table"]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -26,25 +28,104 @@ def _mean_std(values: list[float]) -> str:
 
 
 def summary_table(results: dict[str, list[dict]], metric: str) -> str:
-    """Markdown table: one row per run name over its seeds.
+    """Markdown table: one row per run name over its seeds (best and final validation, test of the
+    best validation model, training loss, step time, gradient cosine against backprop).
 
     ``results[run]`` lists, per seed, ``{"report": result.json, "history": metrics.jsonl records}``.
     """
     lines = [
-        f"| run | seeds | best val {metric} | test {metric} (best val model) | final train loss | median step ms | mean grad cosine |",
-        "|---|---|---|---|---|---|---|",
+        f"| run | seeds | best val {metric} | final val {metric} | test {metric} (best val model) "
+        "| final train loss | median step ms | mean grad cosine |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run, seeds in results.items():
         val = [r["report"]["best_val"][metric] for r in seeds]
+        final = [r["report"]["final_val"][metric] for r in seeds]
         test = [r["report"]["test"][metric] for r in seeds]
         losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h][-1] for r in seeds]
         step_ms = [h["time/step_ms"] for r in seeds for h in r["history"] if "time/step_ms" in h]
         cos = [h["grad/cosine_global"] for r in seeds for h in r["history"] if "grad/cosine_global" in h]
         lines.append(
-            f"| {run} | {len(seeds)} | {_mean_std(val)} | {_mean_std(test)} | {_mean_std(losses)} "
+            f"| {run} | {len(seeds)} | {_mean_std(val)} | {_mean_std(final)} | {_mean_std(test)} | {_mean_std(losses)} "
             f"| {statistics.median(step_ms):.2f} | {f'{statistics.mean(cos):.4f}' if cos else 'n/a'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _number(value) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def settings_table(results: dict[str, list[dict]]) -> str:
+    """Markdown table of the settings each run used (its first seed's ``result.json``) and their source."""
+    lines = ["| run | optimizer | lr | momentum | weight decay | batch | clip | engine options | settings from |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for run, seeds in results.items():
+        report = seeds[0]["report"]
+        cfg, engine = report["config"], report["engine"]
+        options = ", ".join(f"{k.split('.', 1)[1]}={_number(v)}" for k, v in engine.items() if k != "trainer")
+        settings = report.get("settings") or {"mode": "shared", "recipe": {}, "overridden": []}
+        if settings["mode"] == "recipe" and settings["recipe"]:
+            origin = "recipe: " + "; ".join(dict.fromkeys(settings["recipe"].values()))
+        elif settings["mode"] == "recipe":
+            origin = "no recipe for this trainer and model: shared defaults"
+        else:
+            origin = "shared defaults"
+        if settings["overridden"]:
+            origin += f" (flags replaced {', '.join(settings['overridden'])})"
+        if "tuned" in settings:
+            tuned = settings["tuned"]
+            point = ",".join(f"{k}={_number(v)}" for k, v in tuned["values"].items())
+            origin = f"tuned {point} ({tuned['budget']} trials on seed {tuned['seed']}, validation split); " + origin
+        momentum = _number(cfg["momentum"]) if cfg["optimizer"] == "sgd" else "-"
+        lines.append(f"| {run} | {cfg['optimizer']} | {_number(cfg['lr'])} | {momentum} "
+                     f"| {_number(cfg['weight_decay'])} | {cfg['batch_size']} | {_number(cfg['clip_grad_norm'])} "
+                     f"| {options or '-'} | {origin} |")
+    return "\n".join(lines) + "\n"
+
+
+def failure_notes(results: dict[str, list[dict]], metric: str, chance: float | None = None) -> list[str]:
+    """One line per run that failed: validation at chance level, or a collapse after its best point.
+
+    Collapse: the seed-mean final validation accuracy 0.1 below the best, or perplexity 1.25x
+    above it. Chance: best validation accuracy below 1.5x ``chance`` (1 / classes).
+    """
+    notes = []
+    for run, seeds in results.items():
+        best = statistics.mean(r["report"]["best_val"][metric] for r in seeds)
+        final = statistics.mean(r["report"]["final_val"][metric] for r in seeds)
+        steps = [r["report"]["best_step"] for r in seeds]
+        higher_better = metric != "perplexity"
+        if higher_better and chance is not None and best < 1.5 * chance:
+            notes.append(f"- {run}: never above chance level (best validation {metric} {best:.4f}, chance "
+                         f"{chance:.4f}); its settings (table below) do not train this model: try --tune.")
+        elif (final < best - 0.1) if higher_better else (final > 1.25 * best):
+            notes.append(f"- {run}: validation {metric} peaked at {best:.4f} (step {min(steps)}-{max(steps)}) "
+                         f"and ended at {final:.4f}: training collapsed after its best point; the test column "
+                         f"is the best validation model's.")
+    return notes
+
+
+def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]) -> str:
+    """``summary.md``: results, failures explained in one line each, and the settings of every run."""
+    metric = task.metric_name
+    chance = 1.0 / task.num_outputs if metric == "accuracy" and task.expected_output_shape == (task.num_outputs,) else None
+    table = summary_table(results, metric)
+    notes = [f"- {f['run']} seed {f['seed']}: {f['error']} (no result; the table leaves this seed out)"
+             for f in experiment_failures(out_dir)] + failure_notes(results, metric, chance)
+    text = (f"# {experiment}: task {task.name}\n\n{table}\n"
+            + ("Failures:\n" + "\n".join(notes) + "\n\n" if notes else "")
+            + f"Settings (each run's first seed):\n\n{settings_table(results)}")
+    write_text_atomic(Path(out_dir) / "summary.md", text)
+    return table
+
+
+FAILED = "failed.json"  # beside a run's checkpoint: why it stopped (a non-finite loss)
+
+
+def experiment_failures(out_dir) -> list[dict]:
+    """Every run below one experiment folder that stopped on a non-finite loss: ``{"run", "seed", "error"}``."""
+    return [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob(f"*/seed*/{FAILED}"))]
 
 
 def experiment_runs(out_dir) -> dict[str, list[dict]]:
@@ -61,27 +142,47 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     """Run every (trainer, seed), then write the summary table and figure of the
     whole experiment folder (runs added by earlier calls included).
 
-    ``build(trainer, seed) -> (engine, task, model, config, meta)`` makes a
-    fresh, seeded setup; all setups are built and checked before any run
+    A run whose loss turns NaN or Inf is recorded (``failed.json`` in its directory, listed
+    in ``summary.md``) and the others go on; the returned ``failures`` lists them.
+
+    ``build(trainer, seed) -> trainers.cli.Setup`` makes a fresh, seeded setup
+    (engine, task, model, config, meta, settings); all setups are built and checked before any run
     starts, so a bad trainer/model pair leaves nothing behind.
     """
     setups = {(t, s): build(t, s) for t in trainers for s in seeds}
-    trainer_objs = {key: Trainer(model, engine, task, config=cfg, logdir=logdir, experiment=experiment,
-                                 run_name=run_name, overwrite=overwrite, meta=meta)
-                    for key, (engine, task, model, cfg, meta) in setups.items()}
-    for trainer in trainer_objs.values():
-        trainer.fit(epochs=epochs, steps=steps, resume=resume)
-    task = next(iter(setups.values()))[1]
+    trainer_objs = {key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir, experiment=experiment,
+                                 run_name=run_name, overwrite=overwrite, meta=s.meta, settings=s.settings)
+                    for key, s in setups.items()}
+    failures = [failure for (name, seed), trainer in trainer_objs.items()
+                if (failure := _run_or_record(trainer, name, seed, epochs=epochs, steps=steps, resume=resume))]
+    task = next(iter(setups.values())).task
     metric = task.metric_name
     out_dir = Path(logdir) / experiment
     if not DataParallel().is_main:  # under torchrun, rank 0 writes the summary
-        return {"results": {}, "table": "", "dir": out_dir}
+        return {"results": {}, "table": "", "dir": out_dir, "failures": failures}
     results = experiment_runs(out_dir)
-    table = summary_table(results, metric)
-    (out_dir / "summary.md").write_text(f"# {experiment}: task {task.name}\n\n{table}")
+    table = write_summary(out_dir, experiment, task, results)
+    write_experiment_config(out_dir)
     plot_comparison({run: [r["history"] for r in seeds] for run, seeds in results.items()}, metric,
                     out_dir / "comparison.png")
-    return {"results": results, "table": table, "dir": out_dir}
+    return {"results": results, "table": table, "dir": out_dir, "failures": failures}
+
+
+def _run_or_record(trainer: Trainer, name: str, seed: int, **fit) -> dict | None:
+    """``trainer.fit(**fit)``; a non-finite loss replaces the run's result by ``failed.json`` and
+    is returned (``{"run", "trainer", "seed", "error"}``), so the other runs can go on."""
+    run_dir = trainer.run_dir if trainer.run_dir is not None and trainer.parallel.is_main else None
+    try:
+        trainer.fit(**fit)
+    except NonFiniteLossError as err:
+        failure = {"run": trainer.run_name, "trainer": name, "seed": seed, "error": str(err)}
+        if run_dir is not None:
+            (run_dir / "result.json").unlink(missing_ok=True)  # an earlier run's result would read as this one's
+            write_text_atomic(run_dir / FAILED, json.dumps(failure) + "\n")
+        return failure
+    if run_dir is not None:
+        (run_dir / FAILED).unlink(missing_ok=True)
+    return None
 
 
 def compatible(trainer: str, model) -> bool:
@@ -94,11 +195,13 @@ def compatible(trainer: str, model) -> bool:
 
 
 def collect_results(root) -> list[dict]:
-    """Every ``result.json`` below ``root``, with its experiment path relative to ``root``."""
+    """Every ``result.json`` below ``root`` but tuning trials', with its experiment path relative to ``root``."""
     root = Path(root)
     rows = []
     for path in sorted(root.rglob("result.json")):
         record = json.loads(path.read_text())
+        if "trial" in (record.get("settings") or {}):
+            continue
         run_dir = path.parent  # <root>/<experiment...>/<run>/seed<k>
         record["experiment"] = str(run_dir.parent.parent.relative_to(root)) or "."
         rows.append(record)

@@ -28,20 +28,25 @@ class TrainConfig:
     batch_size: int = option(64, "training batch size")
     eval_batch_size: int = option(1024, "evaluation batch size")
     eval_every: int | None = option(None, "evaluate on the validation split every N steps (none: every epoch)")
+    eval_batches: int | None = option(
+        None, "evaluate on at most N validation batches of eval_batch_size at periodic evaluations, the same "
+              "rows each time (none: the whole split; the final validation and the test always use the whole split)"
+    )
     log_every: int = option(10, "log training scalars every N steps")
     grad_agreement_every: int = option(0, "log gradient agreement with exact backprop every N steps (0: off; costs a backprop pass)")
     checkpoint_every: int | None = option(None, "write a checkpoint every N steps (none: at evaluations only)")
     seed: int = option(0, "one seed for Python, NumPy, torch and data order")
     device: str = option("cpu", "torch device (cpu, cuda, cuda:1, ...)")
     dtype: Literal["float32", "float64"] = option("float32", "parameter and data dtype")
-    progress: bool = option(True, "show a progress bar")
+    progress: bool = option(True, "show progress: a bar on a terminal, else a line on stderr every progress_seconds")
+    progress_seconds: float = option(10.0, "seconds between progress lines (off a terminal) and metrics.jsonl flushes")
 
     def __post_init__(self):
         positive = ("batch_size", "eval_batch_size", "log_every", "step_size")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "checkpoint_every"):
+        for name in ("eval_every", "eval_batches", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 or none, got {value}")
@@ -49,6 +54,8 @@ class TrainConfig:
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.progress_seconds > 0:  # NaN too
+            raise ConfigError(f"--progress-seconds must be > 0, got {self.progress_seconds}")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError(f"--clip-grad-norm must be > 0, got {self.clip_grad_norm}")
         if not 0 < self.gamma <= 1:

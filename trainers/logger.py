@@ -4,7 +4,9 @@ Layout: ``<logdir>/<experiment>/<trainer>/seed<k>/`` holding the event files,
 ``metrics.jsonl`` (one JSON object per logged step: ``{"step": s, tag: value}``)
 and the checkpoints. Every run uses the same tag names so TensorBoard
 overlays engines on one chart; ``add_scalars`` is never used (it makes
-sub-runs) and hparams go into the run's own directory (``run_name="."``).
+sub-runs). A run writes its own HParams session in its directory; the
+experiment's HParams configuration is written once per experiment folder
+(``trainers.hparams.write_experiment_config``).
 """
 
 import json
@@ -13,6 +15,8 @@ import os
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
+
+from trainers.hparams import METRIC_PREFIX, session_summaries
 
 __all__ = ["run_directory", "RunLogger", "read_metrics"]
 
@@ -35,7 +39,7 @@ def _json_value(v: float):
 
 
 class RunLogger:
-    """Scalars to TensorBoard and ``metrics.jsonl``; hparams at the end.
+    """Scalars to TensorBoard and ``metrics.jsonl``; the HParams session at the end.
 
     ``resume_step``: continue a run whose checkpoint is at that step; records
     logged after it by the interrupted run are dropped from ``metrics.jsonl``
@@ -69,12 +73,13 @@ class RunLogger:
         self._file.flush()
         self.writer.flush()
 
-    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
-        """hparams plugin entry in this run's directory; metric keys are prefixed ``hparam/``."""
-        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
-        discrete = {"trainer": [clean["trainer"]]} if "trainer" in clean else None
-        self.writer.add_hparams(clean, {f"hparam/{k}": v for k, v in metrics.items()},
-                                hparam_domain_discrete=discrete, run_name=".")
+    def log_hparams(self, step: int, hparams: dict, metrics: dict[str, float]) -> None:
+        """This run's HParams session: its ``hparams`` values, a successful end, and ``metrics``
+        as scalars ``hparam/<key>`` at ``step``; no experiment configuration (see the module docstring)."""
+        for summary in session_summaries(hparams):
+            self.writer.file_writer.add_summary(summary)
+        for key, value in metrics.items():
+            self.writer.add_scalar(METRIC_PREFIX + key, value, step)
 
     def close(self) -> None:
         self.flush()

@@ -10,8 +10,12 @@
 
 Data order is a function of (seed, epoch) alone, and every random generator
 is checkpointed, so a resumed run reproduces the uninterrupted one exactly.
-Model selection uses the validation split; the test split is evaluated once,
-at the end, on the best validation model.
+Model selection uses the validation split (with ``eval_batches``, a fixed
+subset of it at the periodic evaluations); at the end the last and the best
+validation models are evaluated on the whole validation split, and the test
+split once, on the best validation model. Progress goes to stderr
+(``trainers.progress``): a bar on a terminal, otherwise a line every
+``progress_seconds``.
 
 Under ``torchrun`` (a process group exists) the same loop is data parallel
 (``trainers.distributed``): each rank takes its shard of the global batch
@@ -29,7 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
 from tasks.base import IGNORE_INDEX
@@ -39,14 +42,17 @@ from trainers.config import TrainConfig
 from trainers.distributed import DataParallel, local_device
 from trainers.engine import GradientEngine, trainable_parameters
 from trainers.errors import ConfigError, DistributedError, NonFiniteLossError
-from trainers.logger import RunLogger, run_directory
+from trainers.hparams import session_hparams, session_metrics
+from trainers.logger import RunLogger, read_metrics, run_directory
 from trainers.optim import build_optimizer, build_scheduler
 from trainers.options import as_dict, parse_options
+from trainers.progress import Progress
 from trainers.rng import rng_state, seed_everything, set_rng_state
 
-__all__ = ["Trainer", "check_task_model"]
+__all__ = ["Trainer", "check_task_model", "eval_subset"]
 
 CHECKPOINT = "checkpoint.pt"
+EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
 
 
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
@@ -73,6 +79,14 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
         )
 
 
+def eval_subset(n: int, batches: int | None, batch_size: int) -> torch.Tensor | None:
+    """Rows of a bounded evaluation: the first ``batches`` x ``batch_size`` of a fixed permutation of
+    ``n`` rows (seeded apart from the training seed); None when that is the whole split."""
+    if batches is None or batches * batch_size >= n:
+        return None
+    return torch.randperm(n, generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:batches * batch_size]
+
+
 def _to_device(x, device, dtype):
     """Move a batch of inputs to ``device``; only floating-point inputs take ``dtype`` (token ids stay int64)."""
     return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
@@ -96,12 +110,18 @@ class Trainer:
         experiment: name of the experiment folder under ``logdir``.
         run_name: folder of this run under the experiment (default: the trainer's name).
         meta: how the model was built (name and options), kept in ``result.json`` and hparams.
+        settings: where the settings came from (``trainers.cli.Setup.settings``: recipe values with
+            their sources, overridden keys), kept in ``result.json``.
         overwrite: start afresh in a run directory that already holds a run.
+        clock: monotonic seconds for progress lines and metrics flushes (tests pass a fake one).
+        evaluate_test: False for runs that select settings (tuning trials): the test split is
+            never read and the report's ``test`` is None.
     """
 
     def __init__(self, model, engine: GradientEngine, task, *, config: TrainConfig | None = None,
                  logdir=None, experiment: str = "default", run_name: str | None = None,
-                 overwrite: bool = False, meta: dict | None = None, **overrides):
+                 overwrite: bool = False, meta: dict | None = None, settings: dict | None = None, clock=time.monotonic,
+                 evaluate_test: bool = True, **overrides):
         cfg = config or TrainConfig()
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})
@@ -112,10 +132,14 @@ class Trainer:
         engine.check(model)
         self.model = model.to(device=self.device, dtype=self.dtype)
         check_task_model(self.model, task, self.device, self.dtype)
-        self.engine, self.task = engine, task
+        self.engine, self.task, self.clock = engine, task, clock
+        self.evaluate_test = evaluate_test
+        # rows of the periodic validations (None: the whole split)
+        self.eval_rows = eval_subset(len(task.val), cfg.eval_batches, cfg.eval_batch_size)
         self.run_name = run_name or engine.name
         self.run_dir = run_directory(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
         self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
+        self.settings = settings or {"mode": "shared", "recipe": {}, "overridden": []}
         self.overwrite = overwrite
         self.params = [p for _, p in trainable_parameters(model)]
         methods = {orthogonal_method(m) for m in model.modules()} - {None}
@@ -155,8 +179,9 @@ class Trainer:
         return _to_device(inputs, self.device, self.dtype), targets.to(self.device)
 
     @torch.no_grad()
-    def evaluate(self, split: str = "val") -> dict[str, float]:
-        """Mean loss and metric over a split, in eval mode (no dropout); each rank evaluates its shard.
+    def evaluate(self, split: str = "val", rows: torch.Tensor | None = None) -> dict[str, float]:
+        """Mean loss and metric over a split (or its ``rows``), in eval mode (no dropout); each rank
+        evaluates its shard.
 
         Batches are weighted by their counted targets (tokens other than ``IGNORE_INDEX``), so
         the mean is over every counted token of the split, padded sentences included.
@@ -165,7 +190,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         total_loss, total_metric, counted = 0.0, 0.0, 0.0
-        rows = self.parallel.shard(torch.arange(len(data)))
+        rows = self.parallel.shard(torch.arange(len(data)) if rows is None else rows)
         for start in range(0, len(rows), self.cfg.eval_batch_size):
             batch = rows[start:start + self.cfg.eval_batch_size]
             x = _to_device(data.inputs[batch], self.device, self.dtype)
@@ -264,9 +289,10 @@ class Trainer:
         writes = self.run_dir is not None and self.parallel.is_main
         logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if writes else None
         eval_every = cfg.eval_every or self.steps_per_epoch()
-        # no bar when asked, on ranks other than 0, or when stderr is not a terminal (logs, CI): tqdm's disable=None
-        bar = tqdm(total=total, initial=self.step, disable=None if cfg.progress and self.parallel.is_main else True,
-                   desc=self.engine.name, leave=False)
+        # rank 0 reports: a bar on a terminal, a line every progress_seconds otherwise (logs, CI)
+        progress = Progress(f"{self.run_name} seed {cfg.seed}", total, initial=self.step, every=cfg.progress_seconds,
+                            enabled=cfg.progress and self.parallel.is_main, clock=self.clock)
+        flushed = self.clock()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
@@ -283,28 +309,30 @@ class Trainer:
                 # gradients, clip, step, schedule, orthogonality upkeep
                 loss, lr, samples, step_s = self._train_step(x, y, ckpt)
                 self.step += 1
-                bar.update(1)
+                progress.update(self.step, loss)
                 # log
                 if self.step % cfg.log_every == 0 or self.step == total:
                     scalars.update(self._train_scalars(loss, lr, step_s, samples))
-                    bar.set_postfix(loss=f"{loss:.4f}")
-                # evaluate, keep the best validation model
+                # evaluate (on the fixed subset with eval_batches), keep the best validation model
                 evaluated = self.step % eval_every == 0 or self.step == total
                 if evaluated:
                     self.parallel.average_running_stats(self.model)
                     self.parallel.check_in_sync(self.model)
-                    val = self.evaluate("val")
-                    scalars.update({f"eval/{k}": v for k, v in val.items()})
+                    val = self._evaluate("val", progress, rows=self.eval_rows)
+                    used = len(self.task.val) if self.eval_rows is None else len(self.eval_rows)
+                    scalars.update({**{f"eval/{k}": v for k, v in val.items()}, "eval/samples": used})
                     if self._better(val):
                         self.best = {"step": self.step, "val": val, "state": copy.deepcopy(self.model.state_dict())}
                 if scalars:
                     self.history.append({"step": self.step, **scalars})
                     if logger:
                         logger.log(self.step, scalars)
-                # checkpoint (after the logs it covers are flushed)
-                if evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
-                    if logger:
-                        logger.flush()
+                # checkpoint (after the logs it covers are flushed); metrics.jsonl also every progress_seconds
+                checkpoint = evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+                if logger and (checkpoint or self.clock() - flushed >= cfg.progress_seconds):
+                    logger.flush()
+                    flushed = self.clock()
+                if checkpoint:
                     self.save_checkpoint()
                 self.step_times.append(time.perf_counter() - t_iter)
         except BaseException as err:
@@ -314,21 +342,20 @@ class Trainer:
                 raise DistributedError(f"{err}; the last checkpoint is {ckpt}") from None
             raise
         finally:
-            bar.close()
-        report = self._final_report()
+            progress.close()
+        report = self._final_report(progress)
         if logger:  # rank 0 of a run with a directory
-            logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
-            logger.log_hparams(
-                {**self.engine.hparams(), **{k: v for k, v in as_dict(cfg).items() if k != "progress"},
-                 "task": self.task.name, "run": self.run_name, **{f"model.{k}": v for k, v in self.meta.items()}},
-                {f"best_val_{k}": v for k, v in report["best_val"].items()}
-                | {f"test_{k}": v for k, v in report["test"].items()},
-            )
-            logger.close()
+            if report["test"] is not None:
+                logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
+            logger.flush()
             record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
                       "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(cfg),
                       "world_size": self.parallel.world_size, "global_batch": self.global_batch,
-                      "model": self.meta}
+                      "model": self.meta, "settings": self.settings}
+            # the HParams session: hparam values and summary numbers (also kept in result.json)
+            record["summary"] = session_metrics(report, self.task.metric_name, read_metrics(self.run_dir))
+            logger.log_hparams(self.step, session_hparams(record), record["summary"])
+            logger.close()
             write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
         return report
 
@@ -383,12 +410,23 @@ class Trainer:
             scalars[f"grad/norm_ratio/{name}"] = stats["norm_ratio"]
         return scalars
 
-    def _final_report(self) -> dict:
-        """Validation of the last model, and validation + test of the best validation model."""
-        final_val = self.evaluate("val")
+    def _evaluate(self, split: str, progress: Progress, *, rows=None, model: str | None = None) -> dict[str, float]:
+        """``evaluate``, and its progress line."""
+        result = self.evaluate(split, rows)
+        metric, n = self.task.metric_name, len(getattr(self.task, split))
+        progress.evaluated(split, metric, result[metric], samples=n if rows is None else len(rows), of=n,
+                           batch_size=self.cfg.eval_batch_size, model=model)
+        return result
+
+    def _final_report(self, progress: Progress) -> dict:
+        """Validation of the last model, and validation + test of the best validation model, on whole splits."""
+        final_val = self._evaluate("val", progress, model="last model")
         last_state = copy.deepcopy(self.model.state_dict())
         self.model.load_state_dict(self.best["state"])
-        test = self.evaluate("test")
+        best = f"best model, step {self.best['step']}"
+        # selected on a fixed subset (eval_batches): measure the best model on the whole split too
+        best_val = self.best["val"] if self.eval_rows is None else self._evaluate("val", progress, model=best)
+        test = self._evaluate("test", progress, model=best) if self.evaluate_test else None
         self.model.load_state_dict(last_state)
-        return {"steps": self.step, "best_step": self.best["step"], "best_val": self.best["val"],
+        return {"steps": self.step, "best_step": self.best["step"], "best_val": best_val,
                 "final_val": final_val, "test": test}

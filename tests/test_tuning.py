@@ -1,0 +1,96 @@
+"""compare.py --tune (trainers/tuning.py): a grid on the validation split, the best point per
+trainer, the test split read by the final runs only, every trial a run."""
+
+import json
+
+import pytest
+
+from trainers.cli import compare_main
+from trainers.errors import ConfigError
+from trainers.trainer import Trainer
+from trainers.tuning import LR_FACTORS, parse_grid, select, trainer_grid, trial_name
+
+QUICK = ["--steps", "6", "--eval-every", "2", "--grad-agreement-every", "0", "--progress", "false",
+         "--depth", "2", "--width", "16"]
+
+
+def read(path):
+    return json.loads(path.read_text())
+
+
+def test_grid_parsing_and_the_default_learning_rate_grid():
+    grid = parse_grid(["lr=1e-3, 1e-2", "foton.temperature=1,4", "optimizer=sgd,adam"], ["foton", "pepita"])
+    assert grid == {"lr": [1e-3, 1e-2], "foton.temperature": [1, 4], "optimizer": ["sgd", "adam"]}
+    assert trainer_grid(grid, "pepita", 0.5) == {"lr": [1e-3, 1e-2], "optimizer": ["sgd", "adam"]}
+    default = trainer_grid(parse_grid(["foton.temperature=1,4"], ["foton"]), "foton", 0.5)
+    assert default["lr"] == pytest.approx([0.5 * f for f in LR_FACTORS], rel=1e-3)
+    assert list(default) == ["lr", "foton.temperature"]
+    assert trial_name({"lr": 0.001, "foton.temperature": 4}) == "lr=0.001,temperature=4"
+
+
+@pytest.mark.parametrize("items, expected", [
+    (["lr"], "expects KEY=V1,V2"), (["lr="], "expects KEY=V1,V2"), (["nope=1"], "not a training option"),
+    (["seed=1,2"], "not a training option"), (["dsf.feedback=tied"], "not one of the trainers compared"),
+    (["foton.nope=1"], "has no option 'nope'")])
+def test_bad_grids_are_one_line_errors(items, expected):
+    with pytest.raises(ConfigError, match=expected) as err:
+        parse_grid(items, ["foton", "backprop"])
+    assert "\n" not in str(err.value)
+
+
+def test_selection_takes_the_best_validation_point_and_never_a_diverged_one():
+    trials = [{"trainer": "t", "values": {"lr": 1}, "best_val": {"accuracy": 0.5, "perplexity": 9.0}},
+              {"trainer": "t", "values": {"lr": 2}, "best_val": None, "diverged": "loss is nan"},
+              {"trainer": "t", "values": {"lr": 3}, "best_val": {"accuracy": 0.7, "perplexity": 12.0}}]
+    assert select(trials, "accuracy")["values"] == {"lr": 3}
+    assert select(trials, "perplexity")["values"] == {"lr": 1}
+    with pytest.raises(ConfigError, match="every tuning trial of t diverged"):
+        select([trials[1]], "accuracy")
+
+
+def test_tune_picks_the_best_validation_setting_and_never_reads_test(tmp_path, monkeypatch, capsys):
+    evaluated = []  # (run directory, split) of every evaluation
+    original = Trainer.evaluate
+
+    def spy(self, split="val", *args, **kwargs):
+        evaluated.append((str(self.run_dir), split))
+        return original(self, split, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", spy)
+    root = tmp_path / "r"
+    # SGD at 1e9 diverges, 1e-6 barely moves, 0.3 learns: a grid whose answer is known
+    code = compare_main(["--trainers", "backprop,foton", "--seeds", "0,1", "--tune", "--optimizer", "sgd",
+                         "--tune-grid", "lr=1e-6,0.3,1e9", "--logdir", str(root), "--orthogonal", "bjorck",
+                         *QUICK])
+    assert code == 0
+    exp = root / "compare-digits"
+    for trainer in ("backprop", "foton"):
+        record = read(exp / "tuning" / trainer / "tuning.json")
+        assert record["budget"] == 3 and record["seed"] == 0
+        trials = {trial_name(t["values"]): t for t in record["trials"]}
+        assert "diverged" in trials["lr=1e+09"] and trials["lr=1e+09"]["best_val"] is None
+        finished = [t for t in record["trials"] if t["best_val"] is not None]
+        best = max(finished, key=lambda t: t["best_val"]["accuracy"])
+        assert record["best"] == best["values"] == {"lr": 0.3}
+        for name in ("lr=1e-06", "lr=0.3"):  # every trial is a run, with no test record
+            trial = read(exp / "tuning" / trainer / name / "seed0" / "result.json")
+            assert trial["test"] is None and trial["best_val"] == trials[name]["best_val"]
+            assert "test/accuracy" not in (exp / "tuning" / trainer / name / "seed0" / "metrics.jsonl").read_text()
+        for seed in (0, 1):  # the seeds run at the selected point, and only they reach the test split
+            final = read(exp / trainer / f"seed{seed}" / "result.json")
+            assert final["config"]["lr"] == 0.3 and final["test"]["accuracy"] > 0
+            assert final["settings"]["tuned"]["values"] == {"lr": 0.3}
+    test_reads = {run for run, split in evaluated if split == "test"}
+    assert test_reads == {str(exp / t / f"seed{s}") for t in ("backprop", "foton") for s in (0, 1)}
+    assert any("tuning" in run for run, split in evaluated if split == "val")
+    out = capsys.readouterr().out
+    assert "tuned backprop: lr=0.3" in out and "3 trials on seed 0" in out
+    summary = (exp / "summary.md").read_text()
+    assert "tuned lr=0.3 (3 trials on seed 0, validation split)" in summary
+
+
+def test_tune_grid_without_tune_is_refused(tmp_path, capsys):
+    assert compare_main(["--trainers", "backprop", "--tune-grid", "lr=1e-3", "--logdir", str(tmp_path), *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tune" in err
+    assert not (tmp_path / "compare-digits").exists()

@@ -1,0 +1,104 @@
+"""Training progress: a tqdm bar on a terminal, plain lines everywhere else.
+
+When stderr is not a terminal (a log file, a pipe, CI) a bar shows nothing,
+so ``Progress`` prints one line every ``every`` seconds instead:
+
+    [backprop seed 0] step 120/3290 (3.6%)  loss 5.4321  2.41 steps/s  elapsed 0:00:50  left 0:21:54
+
+plus a line per evaluation and a final line. The rate is the mean of this
+process once its first step is done (that step's warm-up excluded).
+"""
+
+import datetime
+import math
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+__all__ = ["Progress", "format_seconds"]
+
+
+def format_seconds(seconds: float) -> str:
+    """``1314.2`` -> ``"0:21:54"``."""
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+class Progress:
+    """Report training steps and evaluations of one run (module docstring).
+
+    Args:
+        name: prefix of every line, e.g. ``"backprop seed 0"``.
+        total: the step the run ends at.
+        initial: the step this process starts from (a resumed run's checkpoint).
+        every: seconds between plain lines.
+        enabled: False prints nothing (``--progress false``, ranks other than 0).
+        stream: where to write (default: ``sys.stderr`` now); a terminal gets the bar.
+        clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(self, name: str, total: int, *, initial: int = 0, every: float = 10.0, enabled: bool = True,
+                 stream=None, clock=time.monotonic):
+        self.name, self.total, self.every, self.clock = name, total, every, clock
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self.step, self.loss = initial, math.nan
+        self._initial = initial
+        self._start = self._printed = clock()
+        self._first = None  # (time, step) after this process's first step
+        tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.bar = tqdm(total=total, initial=initial, desc=name, leave=False, file=self.stream) if tty else None
+
+    @property
+    def plain(self) -> bool:
+        """True when progress goes out as plain lines (enabled, and not a terminal)."""
+        return self.enabled and self.bar is None
+
+    def update(self, step: int, loss: float) -> None:
+        """Step ``step`` is done with training loss ``loss``; prints a line when ``every`` seconds have passed."""
+        self.step, self.loss = step, loss
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        if not self.plain:
+            return
+        now = self.clock()
+        if self._first is None:
+            self._first = (now, step)
+        if now - self._printed >= self.every:
+            rate = self._rate(now)
+            left = f"  left {format_seconds((self.total - step) / rate)}" if rate else ""
+            self._print(self._status(now) + left)
+            self._printed = now
+
+    def evaluated(self, split: str, metric: str, value: float, *, samples: int, of: int, batch_size: int,
+                  model: str | None = None) -> None:
+        """An evaluation of ``samples`` of the ``of`` rows of ``split`` (in batches of ``batch_size``) is done;
+        ``model`` says which model, e.g. ``"last model"``."""
+        if not self.plain:
+            return
+        batches = math.ceil(samples / batch_size)
+        used = f"all {of}" if samples >= of else f"{batches} batch{'es' if batches > 1 else ''} of {batch_size} of {of}"
+        which = f" ({model})" if model else ""
+        self._print(f"step {self.step}/{self.total}  eval {split}{which} {metric} {value:.4g} ({used})")
+
+    def close(self) -> None:
+        """Close the bar, or print the final line."""
+        if self.bar is not None:
+            self.bar.close()
+        elif self.plain:
+            self._print(self._status(self.clock()) + ("  done" if self.step >= self.total else "  stopped"))
+
+    def _rate(self, now: float) -> float | None:
+        """Steps per second of this process, after its first step once there is a second."""
+        t0, s0 = self._first if self._first and self.step > self._first[1] else (self._start, self._initial)
+        return (self.step - s0) / (now - t0) if now > t0 and self.step > s0 else None
+
+    def _status(self, now: float) -> str:
+        rate = self._rate(now)
+        shown = "?" if rate is None else f"{rate:.3g}" if rate < 100 else f"{rate:.0f}"
+        return (f"step {self.step}/{self.total} ({100 * self.step / self.total:.1f}%)  loss {self.loss:.4f}  "
+                f"{shown} steps/s  elapsed {format_seconds(now - self._start)}")
+
+    def _print(self, text: str) -> None:
+        print(f"[{self.name}] {text}", file=self.stream, flush=True)

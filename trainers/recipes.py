@@ -1,0 +1,95 @@
+"""Recipes: each trainer's published (or, where none exists, measured) training settings.
+
+A recipe gives, for one trainer on one family of zoo models, the values of the
+``TrainConfig`` fields (optimizer, learning rate, momentum, weight decay, batch
+size, ...) and of the engine's options that its authors trained with, each value
+with its source. ``scripts/compare.py`` trains every trainer at its recipe by
+default (``--settings recipe``); ``--settings shared`` gives every trainer the same
+(default) settings instead. A flag the user passes overrides both.
+
+Methods that approximate backprop on the same network (Highway-BP, DSF, FT-BPTT)
+were trained by their authors with the same settings as their backprop baseline,
+so they share one recipe per model family. The forward-only methods were not:
+FOTON and PEPITA each have their own. Schedules are not part of the recipes
+(the papers' step decays are tied to their 100-200 epoch budgets); every recipe
+runs the Trainer's ``--schedule`` (constant unless given).
+
+Sources (``../shared/papers`` summarises each):
+
+* DSF: Caillon et al., arXiv 2503.23104, the authors' PTB configs (dsf.md §8.5).
+* Highway-BP: Fagnou et al., ICLR 2025, Table 4 (ResNets, GPT-2) and App. C.1 (dsf.md, highway_bp.md §10).
+* FOTON: Caillon et al., ECAI 2025, the authors' default run config (foton.md §4.1).
+* PEPITA: Srinivasan et al., ICLR 2024, the authors' code (foton.md §2.2).
+* measured: this project's runs (BENCHMARKS.md), where no paper states a setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT"]
+
+LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet")
+RECURRENT = ("rnn_lm", "rnn_block_lm")
+
+DSF_PTB = "DSF authors' PTB configs (arXiv 2503.23104; dsf.md §8.5)"
+HIGHWAY_T4 = "Highway-BP paper, Table 4 (arXiv 2501.17086; highway_bp.md §10)"
+HIGHWAY_C1 = "Highway-BP paper, App. C.1: Adam 1e-3 for most models (highway_bp.md §10)"
+FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668 code; foton.md §4.1)"
+PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (foton.md §2.2)"
+MEASURED = "measured: the project default (Adam 1e-3, batch 64; BENCHMARKS.md default comparison), no paper setting"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Settings of ``trainer`` on the zoo models ``models`` (empty: any model).
+
+    ``train`` maps ``TrainConfig`` fields and ``engine`` the engine's option fields to
+    ``(value, source)`` pairs.
+    """
+
+    trainer: str
+    models: tuple[str, ...]
+    train: dict[str, tuple[object, str]]
+    engine: dict[str, tuple[object, str]] = dataclasses.field(default_factory=dict)
+
+    def train_values(self) -> dict:
+        return {k: v for k, (v, _) in self.train.items()}
+
+    def engine_values(self) -> dict:
+        return {k: v for k, (v, _) in self.engine.items()}
+
+    def sources(self) -> dict[str, str]:
+        """Every value's source, engine options prefixed ``<trainer>.``."""
+        return {**{k: s for k, (_, s) in self.train.items()},
+                **{f"{self.trainer}.{k}": s for k, (_, s) in self.engine.items()}}
+
+
+def _same(source: str, **values) -> dict[str, tuple[object, str]]:
+    return {k: (v, source) for k, v in values.items()}
+
+
+_ADAM_1E3 = _same(MEASURED, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64)
+_RECURRENT = _same(DSF_PTB, optimizer="adam", lr=1e-3, weight_decay=1e-4, batch_size=128)
+_RESNET = _same(HIGHWAY_T4, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4, batch_size=128)
+_GPT = _same(HIGHWAY_T4, optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_size=128, clip_grad_norm=1.0)
+_RESIDUAL = _same(HIGHWAY_C1, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64)
+
+RECIPES: list[Recipe] = [
+    *(Recipe(t, RECURRENT, _RECURRENT) for t in ("backprop", "ftbptt", "highway")),
+    Recipe("dsf", RECURRENT, _RECURRENT, _same(DSF_PTB, feedback="linspace")),
+    *(Recipe(t, ("resnet",), _RESNET) for t in ("backprop", "highway")),
+    *(Recipe(t, ("gpt",), _GPT) for t in ("backprop", "highway")),
+    *(Recipe(t, ("residual_mlp",), _RESIDUAL) for t in ("backprop", "highway")),
+    Recipe("foton", (), _same(FOTON_CODE, optimizer="sgd", lr=0.5, momentum=0.0, weight_decay=0.0, batch_size=256),
+           _same(FOTON_CODE, temperature=1.0)),
+    Recipe("pepita", (), _same(PEPITA_CODE, optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=0.0, batch_size=64),
+           _same(PEPITA_CODE, variant="iclr2024", feedback_scale=0.05)),
+    Recipe("backprop", (), _ADAM_1E3),
+]
+
+
+def recipe_for(trainer: str, model: str) -> Recipe | None:
+    """The recipe of ``trainer`` on the zoo model named ``model`` (the most specific one), or None."""
+    matches = [r for r in RECIPES if r.trainer == trainer and (not r.models or model in r.models)]
+    return min(matches, key=lambda r: not r.models, default=None)

@@ -1,0 +1,125 @@
+"""Tuning: a grid search of each trainer's settings on the validation split.
+
+``scripts/compare.py --tune`` runs, for every trainer, one training run (a trial)
+per point of a grid: by default the learning rate on a log grid of five points,
+the trainer's own learning rate times 10^(-1, -1/2, 0, 1/2, 1); ``--tune-grid
+KEY=V1,V2,...`` replaces or adds dimensions (``lr``, any ``TrainConfig`` field, or
+an engine option as ``<trainer>.<option>``, e.g. ``foton.temperature=1,4,8``).
+The budget is the grid's size per trainer, printed and recorded. Trials train
+on one seed and are selected by their best validation metric; they never
+evaluate the test split. Each trial is a TensorBoard run in
+``<experiment>/tuning/<trainer>/<values>/seed<k>``; ``tuning.json`` beside them
+records every trial and the choice. The seeds of the comparison then train at
+each trainer's selected point, and only those runs are evaluated on the test split.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+from trainers.checkpoint import write_text_atomic
+from trainers.config import TrainConfig
+from trainers.distributed import DataParallel
+from trainers.errors import ConfigError, NonFiniteLossError
+from trainers.registry import engine_class
+from trainers.trainer import Trainer
+
+__all__ = ["LR_FACTORS", "parse_grid", "trainer_grid", "trial_name", "select", "tune_trainer"]
+
+#: Default grid: the trainer's learning rate times these factors (a log grid, half a decade apart).
+LR_FACTORS = (0.1, 10 ** -0.5, 1.0, 10 ** 0.5, 10.0)
+
+
+def _value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_grid(items: list[str], trainers: list[str]) -> dict[str, list]:
+    """``["lr=1e-3,1e-2", "foton.temperature=1,4"]`` -> ``{"lr": [...], "foton.temperature": [...]}``.
+
+    Keys are ``TrainConfig`` fields or ``<trainer>.<option>`` of a trainer of the comparison;
+    anything else is a one-line ``ConfigError``.
+    """
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"seed", "device", "dtype", "progress"}
+    grid = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        values = [_value(v.strip()) for v in text.split(",") if v.strip()]
+        if not sep or not values:
+            raise ConfigError(f"--tune-grid expects KEY=V1,V2,..., got {item!r}")
+        trainer, dot, option = key.partition(".")
+        if dot:
+            if trainer not in trainers:
+                raise ConfigError(f"--tune-grid {key}: '{trainer}' is not one of the trainers compared "
+                                  f"({', '.join(trainers)})")
+            options = {f.name for f in dataclasses.fields(engine_class(trainer).Options)}
+            if option not in options:
+                raise ConfigError(f"--tune-grid {key}: trainer '{trainer}' has no option '{option}'; "
+                                  f"its options: {', '.join(sorted(options)) or 'none'}")
+        elif key not in fields:
+            raise ConfigError(f"--tune-grid {key}: not a training option; tunable: {', '.join(sorted(fields))}")
+        grid[key] = values
+    return grid
+
+
+def trainer_grid(grid: dict[str, list], trainer: str, lr: float) -> dict[str, list]:
+    """The dimensions that apply to ``trainer``: the shared keys and its own options; the
+    learning-rate log grid around ``lr`` unless ``lr`` is given."""
+    own = {k: v for k, v in grid.items() if "." not in k or k.startswith(f"{trainer}.")}
+    if "lr" not in own:
+        own = {"lr": [float(f"{lr * f:.3g}") for f in LR_FACTORS], **own}
+    return own
+
+
+def trial_name(values: dict) -> str:
+    """A folder name for one grid point: ``lr=0.001,temperature=4``."""
+    return ",".join(f"{k.split('.', 1)[-1]}={v:g}" if isinstance(v, float) else f"{k.split('.', 1)[-1]}={v}"
+                    for k, v in values.items())
+
+
+def select(trials: list[dict], metric: str) -> dict:
+    """The trial with the best validation metric (lowest perplexity, highest otherwise); ties: the
+    first; diverged trials (``best_val`` None) never."""
+    finished = [t for t in trials if t["best_val"] is not None]
+    if not finished:
+        raise ConfigError(f"every tuning trial of {trials[0]['trainer']} diverged; give a lower --tune-grid lr=...")
+    sign = 1 if metric == "perplexity" else -1
+    return min(finished, key=lambda t: sign * t["best_val"][metric])
+
+
+def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdir, experiment: str,
+                 epochs=None, steps=None, resume=False) -> dict:
+    """Train one trial per point of ``grid`` (trainer's dimensions) on ``seed``; select on validation.
+
+    ``build(trainer, seed, overrides) -> trainers.cli.Setup``. Returns (and writes to
+    ``<logdir>/<experiment>/tuning/<trainer>/tuning.json``) ``{"grid", "seed", "metric",
+    "trials": [{"values", "best_val", "best_step"}], "best": values}``.
+    """
+    points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+    trials = []
+    for values in points:
+        setup = build(trainer, seed, values)
+        run = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=logdir,
+                      experiment=f"{experiment}/tuning/{trainer}", run_name=trial_name(values), overwrite=True,
+                      meta=setup.meta, settings={**setup.settings, "trial": values}, evaluate_test=False)
+        trial = {"trainer": trainer, "values": values, "best_val": None, "best_step": None}
+        try:
+            report = run.fit(epochs=epochs, steps=steps, resume=resume)
+            trial.update(best_val=report["best_val"], best_step=report["best_step"])
+        except NonFiniteLossError as err:  # a diverged trial is a result, not the end of the search
+            trial["diverged"] = str(err)
+        trials.append(trial)
+    metric = setup.task.metric_name
+    record = {"trainer": trainer, "grid": grid, "budget": len(points), "seed": seed, "metric": metric,
+              "trials": trials, "best": select(trials, metric)["values"]}
+    if logdir is not None and DataParallel().is_main:
+        write_text_atomic(Path(logdir) / experiment / "tuning" / trainer / "tuning.json",
+                          json.dumps(record, indent=2, default=str) + "\n")
+    return record
