@@ -5,7 +5,8 @@ so ``Progress`` prints one line every ``every`` seconds instead:
 
     [backprop seed 0] step 120/3290 (3.6%)  loss 5.4321  2.41 steps/s  elapsed 0:00:50  left 0:21:54
 
-plus a line per evaluation and a final line. The rate is the mean of this
+plus a line per evaluation (periodic ones at most every ``every`` seconds, and the
+last one) and a final line. The rate is the mean of this
 process once its first step is done (that step's warm-up excluded).
 """
 
@@ -44,7 +45,7 @@ class Progress:
         self.enabled = enabled
         self.step, self.loss = initial, math.nan
         self._initial = initial
-        self._start = self._printed = clock()
+        self._start = self._printed = self._eval_printed = clock()
         self._first = None  # (time, step) after this process's first step
         tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.bar = tqdm(total=total, initial=initial, desc=name, leave=False, file=self.stream) if tty else None
@@ -74,9 +75,14 @@ class Progress:
     def evaluated(self, split: str, metric: str, value: float, *, samples: int, of: int, batch_size: int,
                   model: str | None = None) -> None:
         """An evaluation of ``samples`` of the ``of`` rows of ``split`` (in batches of ``batch_size``) is done;
-        ``model`` says which model, e.g. ``"last model"``."""
+        ``model`` says which model, e.g. ``"last model"`` (None: a periodic evaluation, shown when ``every``
+        seconds have passed since the last one shown, or at the last step)."""
         if not self.plain:
             return
+        now = self.clock()
+        if model is None and self.step < self.total and now - self._eval_printed < self.every:
+            return
+        self._eval_printed = now
         batches = math.ceil(samples / batch_size)
         used = f"all {of}" if samples >= of else f"{batches} batch{'es' if batches > 1 else ''} of {batch_size} of {of}"
         which = f" ({model})" if model else ""

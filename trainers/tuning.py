@@ -8,7 +8,8 @@ an engine option as ``<trainer>.<option>``, e.g. ``foton.temperature=1,4,8``).
 The budget is the grid's size per trainer, printed and recorded. Trials train
 on one seed and are selected by their best validation metric; they never
 evaluate the test split. Each trial is a TensorBoard run in
-``<experiment>/tuning/<trainer>/<values>/seed<k>``; ``tuning.json`` beside them
+``<experiment>/tuning/<trainer>/<values>/seed<k>`` (run name ``<trainer>/<values>``);
+``tuning.json`` beside them
 records every trial and the choice. The seeds of the comparison then train at
 each trainer's selected point, and only those runs are evaluated on the test split.
 """
@@ -107,7 +108,7 @@ def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdi
     for values in points:
         setup = build(trainer, seed, values)
         run = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=logdir,
-                      experiment=f"{experiment}/tuning/{trainer}", run_name=trial_name(values), overwrite=True,
+                      experiment=f"{experiment}/tuning", run_name=f"{trainer}/{trial_name(values)}", overwrite=True,
                       meta=setup.meta, settings={**setup.settings, "trial": values}, evaluate_test=False)
         trial = {"trainer": trainer, "values": values, "best_val": None, "best_step": None}
         try:
