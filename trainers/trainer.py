@@ -425,7 +425,10 @@ class Trainer:
         self.model.load_state_dict(self.best["state"])
         best = f"best model, step {self.best['step']}"
         # selected on a fixed subset (eval_batches): measure the best model on the whole split too
-        best_val = self.best["val"] if self.eval_rows is None else self._evaluate("val", progress, model=best)
+        if self.eval_rows is None:
+            best_val = self.best["val"]
+        else:  # the last model is the best one when it was selected last: no second pass
+            best_val = final_val if self.best["step"] == self.step else self._evaluate("val", progress, model=best)
         test = self._evaluate("test", progress, model=best) if self.evaluate_test else None
         self.model.load_state_dict(last_state)
         return {"steps": self.step, "best_step": self.best["step"], "best_val": best_val,
