@@ -5,7 +5,7 @@
 # resumable run (compare.py --resume); finished ones are skipped, so the script can be killed
 # and started again, and several copies can share the work (one per seed).
 #
-#   bash scripts/dsf_table.sh GRID [LOGDIR] [DEVICE] [SEEDS]   (env: EPOCHS, DEPTHS, FEEDBACKS, PTB_DIR)
+#   bash scripts/dsf_table.sh GRID [LOGDIR] [DEVICE] [SEEDS]   (env: EPOCHS, DEPTHS, TRAINERS, FEEDBACKS, PTB_DIR)
 #
 #   GRID ptb-sentences: the DSF paper's setting on full PTB (../shared/data/ptb, or PTB_DIR):
 #        sentence-level ptb-word (each line <bos> ... <eos>, 64-token context), GRU 256 with
@@ -40,11 +40,11 @@ run() {  # run EXPERIMENT TRAINER RUN_NAME SEED FLAGS...: one resumable run, ski
       > "$LOGDIR/log-${exp//\//-}-$name-$seed.txt" 2>&1 || echo "$(date +%T) failed $exp $name seed $seed (see its log)"
 }
 
-grid() {  # grid EXPERIMENT FLAGS...: bptt, ftbptt and dsf on every seed, the other feedbacks on seed 0
+grid() {  # grid EXPERIMENT FLAGS...: TRAINERS (bptt, ftbptt, dsf) on every seed, the other feedbacks on seed 0
   local exp=$1
   shift
   for seed in ${SEEDS//,/ }; do
-    for trainer in backprop ftbptt dsf; do
+    for trainer in ${TRAINERS-backprop ftbptt dsf}; do
       run "$exp" "$trainer" "$trainer" "$seed" "$@"
     done
   done

@@ -153,6 +153,26 @@ def test_atomic_save_keeps_previous_file_on_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
 
 
+def test_atomic_writes_get_the_permissions_of_a_new_file_and_a_name_tensorboard_skips(tmp_path):
+    import os
+    import stat
+
+    from trainers.checkpoint import write_atomic, write_text_atomic
+
+    seen = []
+    previous = os.umask(0o027)
+    try:
+        write_text_atomic(tmp_path / "result.json", "{}")
+        save_atomic({"step": 1}, tmp_path / "checkpoint.pt")
+        write_atomic(tmp_path / "events.out.tfevents.x", lambda f: seen.extend(os.listdir(tmp_path)))
+    finally:
+        os.umask(previous)
+    for name in ("result.json", "checkpoint.pt", "events.out.tfevents.x"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640  # 0o666 less the umask, not 0o600
+    temporary = [name for name in seen if name.endswith(".tmp")]
+    assert len(temporary) == 1 and "tfevents" not in temporary[0]
+
+
 def test_agreement_logging_does_not_change_the_trajectory(task):
     plain = make_trainer(task)
     plain.fit(steps=12)

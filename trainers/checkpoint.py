@@ -10,15 +10,27 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["save_atomic", "load_checkpoint", "write_text_atomic"]
+__all__ = ["save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic"]
 
 
-def _write_atomic(path: str | os.PathLike, write) -> Path:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename it to ``path``."""
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | os.PathLike, write) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename it to ``path``.
+
+    The file gets the permissions of any new file (``0o666`` less the umask), not
+    ``mkstemp``'s private ``0o600``. The temporary name never contains "tfevents", so
+    TensorBoard never reads a half-written events file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name.replace('tfevents', 'events')}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -32,12 +44,12 @@ def _write_atomic(path: str | os.PathLike, write) -> Path:
 
 def save_atomic(state: dict, path: str | os.PathLike) -> Path:
     """``torch.save(state)`` to ``path`` atomically."""
-    return _write_atomic(path, lambda f: torch.save(state, f))
+    return write_atomic(path, lambda f: torch.save(state, f))
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically."""
-    return _write_atomic(path, lambda f: f.write(text.encode()))
+    return write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:

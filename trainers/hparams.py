@@ -13,9 +13,7 @@ TensorBoard's HParams tab (``tensorboard.plugins.hparams``) reads
 """
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +21,8 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2, summary_v2
 from tensorboard.summary.writer.record_writer import RecordWriter
+
+from trainers.checkpoint import write_atomic
 
 __all__ = ["METRIC_PREFIX", "CONFIG_FILE", "SHOWN_FIRST", "metric_display_names", "session_metrics", "session_hparams",
            "session_summaries", "experiment_config", "write_experiment_config"]
@@ -152,19 +152,10 @@ def write_experiment_config(experiment_dir) -> Path:
     records = [json.loads(p.read_text()) for p in sorted(experiment_dir.rglob("result.json"))]
     events = [Event(wall_time=time.time(), file_version="brain.Event:2"),
               Event(wall_time=time.time(), summary=experiment_config(records))]
-    path = experiment_dir / CONFIG_FILE
-    # the temporary name lacks "tfevents", so TensorBoard never reads a half-written file
-    fd, tmp = tempfile.mkstemp(prefix=".hparams-experiment.", suffix=".tmp", dir=experiment_dir)
-    try:
-        os.fchmod(fd, 0o644)  # readable like the runs' event files (mkstemp makes it private)
-        with os.fdopen(fd, "wb") as f:
-            writer = RecordWriter(f)
-            for event in events:
-                writer.write(event.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+
+    def write(f):
+        writer = RecordWriter(f)
+        for event in events:
+            writer.write(event.SerializeToString())
+
+    return write_atomic(experiment_dir / CONFIG_FILE, write)
