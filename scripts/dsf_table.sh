@@ -36,7 +36,7 @@ run() {  # run EXPERIMENT TRAINER RUN_NAME SEED FLAGS...: one resumable run, ski
   [ -f "$LOGDIR/$exp/$name/seed$seed/result.json" ] && return 0
   echo "$(date +%T) start $exp $name seed $seed"
   $PY scripts/compare.py "$@" --experiment "$exp" --trainers "$trainer" --run-name "$name" --seeds "$seed" \
-      --logdir "$LOGDIR" --device "$DEVICE" --settings shared --progress false --resume \
+      --logdir "$LOGDIR" --device "$DEVICE" --settings shared --resume \
       > "$LOGDIR/log-${exp//\//-}-$name-$seed.txt" 2>&1 || echo "$(date +%T) failed $exp $name seed $seed (see its log)"
 }
 

@@ -20,7 +20,7 @@ case "$TASK" in
   *) echo "error: unknown task '$TASK' (digits, mnist-t10k)" >&2; exit 2 ;;
 esac
 common=(--task "$TASK" "${data[@]}" --model mlp --width 64 --activation tanh --orthogonal bjorck
-        --epochs "$EPOCHS" --seeds 0,1,2 --logdir "$LOGDIR" --progress false --grad-agreement-every 10
+        --epochs "$EPOCHS" --seeds 0,1,2 --logdir "$LOGDIR" --grad-agreement-every 10
         --log-every 10)
 for depth in 2 8 32 100; do
   $PY scripts/compare.py "${common[@]}" --depth "$depth" --experiment "depth$depth" \
