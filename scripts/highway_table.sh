@@ -10,13 +10,14 @@
 #                  8x8 digits; read test accuracy.
 #   GRID ptb-char: rnn_lm, one GRU layer, hidden 128, sequences of 64 characters (time is
 #                  the depth: L = 64, so k = 8 is far from exact; the exact column is
-#                  backprop itself); read best_val perplexity.
+#                  backprop itself), STEPS (default 1730) steps; read best_val perplexity.
 #   GRID ptb-word: gpt (4 layers = L = 8 sublayers, width 64, 4 heads, gamma 0.2),
-#                  sequences of 64 words; read best_val perplexity.
+#                  sequences of 64 words, STEPS (default 240) steps; read best_val perplexity.
 #   GRID seq-digits: rnn_lm, one GRU layer, hidden 64, digits read as 64 pixels (L = 64),
 #                  with FPI (--highway-mode fpi) at k = 0, 2, 8 beside Highway-BP; read test.
-#   This checkout has no ptb.train.txt: the PTB runs train on ptb.test.txt and select and
-#   report on ptb.valid.txt (held out), so read best_val. PTB_DIR overrides ../shared/data/ptb.
+#   The PTB grids train on the full ptb.train.txt (PTB_DIR, default ../shared/data/ptb) for a
+#   number of steps (the step budgets of the tables made when only a tenth of the text was
+#   here: 8 and 6 epochs of it), evaluate every 40 (words) or 216 (characters) steps.
 #
 # Then: python scripts/table.py LOGDIR --value test|best_val \
 #         --columns backprop,highway-k0,highway-k1,highway-k2,highway-k4,highway-k8,highway-exact \
@@ -35,7 +36,8 @@ PTB_DIR=${PTB_DIR:-../shared/data/ptb}
 compare() {  # compare EXPERIMENT L FLAGS...: backprop, then highway at each k and at k = L
   local exp=$1 L=$2
   shift 2
-  local c=("$@" --experiment "$exp" --logdir "$LOGDIR" --seeds "$SEEDS" --device "$DEVICE" --progress false "${EXTRA[@]}")
+  local c=("$@" --experiment "$exp" --logdir "$LOGDIR" --seeds "$SEEDS" --device "$DEVICE" --settings shared --resume
+           "${EXTRA[@]}")
   $PY scripts/compare.py "${c[@]}" --trainers backprop > /dev/null
   for k in 0 1 2 4 8; do
     $PY scripts/compare.py "${c[@]}" --trainers highway --highway-k "$k" --run-name "highway-k$k" > /dev/null
@@ -56,13 +58,13 @@ case "$GRID" in
     ;;
   ptb-char)
     compare ptb-char-gru none "${common[@]}" --task ptb-char --data-dir "$PTB_DIR" --task-option seq_len=64 \
-        --task-option train_file=ptb.test.txt --model rnn_lm --cell gru --hidden 128 --depth 1 \
-        --batch-size 32 --eval-batch-size 256 --epochs "${EPOCHS:-2}"
+        --model rnn_lm --cell gru --hidden 128 --depth 1 --batch-size 32 --eval-batch-size 256 \
+        --steps "${STEPS:-1730}" --eval-every 216
     ;;
   ptb-word)
     compare ptb-word-gpt 8 "${common[@]}" --task ptb-word --data-dir "$PTB_DIR" --task-option seq_len=64 \
-        --task-option train_file=ptb.test.txt --model gpt --depth 4 --width 64 --heads 4 \
-        --batch-size 32 --eval-batch-size 128 --warmup-steps 20 --epochs "${EPOCHS:-6}"
+        --model gpt --depth 4 --width 64 --heads 4 --batch-size 32 --eval-batch-size 128 --warmup-steps 20 \
+        --steps "${STEPS:-240}" --eval-every 40
     ;;
   seq-digits)
     # the paper's pixel-level setting in small: FPI beside Highway-BP at the same k
