@@ -32,7 +32,7 @@ from trainers.recipes import recipe_for
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
 from trainers.trainer import Trainer
-from trainers.tuning import parse_grid, select, trainer_grid, trial_name, tune_trainer
+from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 
 __all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup"]
 
@@ -292,10 +292,10 @@ def compare_main(argv=None) -> int:
         if args.tune_grid and not args.tune:
             raise ConfigError("--tune-grid is a grid for --tune; pass --tune too")
         tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
-        out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds, logdir=args.logdir,
-                             run_name=args.run_name,
-                             experiment=experiment, epochs=None if args.steps else args.epochs,
-                             steps=args.steps, resume=args.resume, overwrite=True)
+        out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds,
+                             logdir=args.logdir, run_name=args.run_name, experiment=experiment,
+                             epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
+                             overwrite=True)
         if here.is_main:
             print(out["table"])
             print(f"runs, summary.md and comparison.png in {out['dir']}")
@@ -321,9 +321,8 @@ def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) ->
                               resume=args.resume)
         records[t] = {"values": record["best"], "grid": record["grid"], "budget": record["budget"], "seed": seed}
         if here.is_main:
-            best = select(record["trials"], record["metric"])
             print(f"tuned {t}: {trial_name(record['best'])} (best val {record['metric']} "
-                  f"{best['best_val'][record['metric']]:.4f}, {record['budget']} trials on seed {seed})")
+                  f"{record['best_val'][record['metric']]:.4f}, {record['budget']} trials on seed {seed})")
     return records
 
 

@@ -15,10 +15,13 @@ from trainers.errors import IncompatibleModelError, NonFiniteLossError
 from trainers.hparams import write_experiment_config
 from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
+from trainers.recipes import SHARED_SETTINGS
 from trainers.registry import engine_class
 from trainers.trainer import Trainer
+from trainers.tuning import trial_name
 
-__all__ = ["run_comparison", "summary_table", "settings_table", "failure_notes", "write_summary", "experiment_failures", "experiment_runs", "compatible", "collect_results", "pivot_cells", "pivot_table"]
+__all__ = ["run_comparison", "summary_table", "settings_table", "failure_notes", "write_summary", "experiment_failures",
+           "experiment_runs", "compatible", "collect_results", "pivot_cells", "pivot_table"]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -64,7 +67,7 @@ def settings_table(results: dict[str, list[dict]]) -> str:
         report = seeds[0]["report"]
         cfg, engine = report["config"], report["engine"]
         options = ", ".join(f"{k.split('.', 1)[1]}={_number(v)}" for k, v in engine.items() if k != "trainer")
-        settings = report.get("settings") or {"mode": "shared", "recipe": {}, "overridden": []}
+        settings = report.get("settings") or SHARED_SETTINGS
         if settings["mode"] == "recipe" and settings["recipe"]:
             origin = "recipe: " + "; ".join(dict.fromkeys(settings["recipe"].values()))
         elif settings["mode"] == "recipe":
@@ -75,8 +78,8 @@ def settings_table(results: dict[str, list[dict]]) -> str:
             origin += f" (flags replaced {', '.join(settings['overridden'])})"
         if "tuned" in settings:
             tuned = settings["tuned"]
-            point = ",".join(f"{k}={_number(v)}" for k, v in tuned["values"].items())
-            origin = f"tuned {point} ({tuned['budget']} trials on seed {tuned['seed']}, validation split); " + origin
+            origin = (f"tuned {trial_name(tuned['values'])} ({tuned['budget']} trials on seed {tuned['seed']}, "
+                      f"validation split); {origin}")
         momentum = _number(cfg["momentum"]) if cfg["optimizer"] == "sgd" else "-"
         lines.append(f"| {run} | {cfg['optimizer']} | {_number(cfg['lr'])} | {momentum} "
                      f"| {_number(cfg['weight_decay'])} | {cfg['batch_size']} | {_number(cfg['clip_grad_norm'])} "
@@ -109,7 +112,8 @@ def failure_notes(results: dict[str, list[dict]], metric: str, chance: float | N
 def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]) -> str:
     """``summary.md``: results, failures explained in one line each, and the settings of every run."""
     metric = task.metric_name
-    chance = 1.0 / task.num_outputs if metric == "accuracy" and task.expected_output_shape == (task.num_outputs,) else None
+    classifier = metric == "accuracy" and task.expected_output_shape == (task.num_outputs,)
+    chance = 1.0 / task.num_outputs if classifier else None
     table = summary_table(results, metric)
     notes = [f"- {f['run']} seed {f['seed']}: {f['error']} (no result; the table leaves this seed out)"
              for f in experiment_failures(out_dir)] + failure_notes(results, metric, chance)

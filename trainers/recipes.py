@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT"]
+__all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHARED_SETTINGS"]
+
+#: The settings record of a run that used no recipe (``trainers.cli.Setup.settings``).
+SHARED_SETTINGS = {"mode": "shared", "recipe": {}, "overridden": []}
 
 LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet")
 RECURRENT = ("rnn_lm", "rnn_block_lm")

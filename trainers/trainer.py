@@ -47,6 +47,7 @@ from trainers.logger import RunLogger, read_metrics, run_directory
 from trainers.optim import build_optimizer, build_scheduler
 from trainers.options import as_dict, parse_options
 from trainers.progress import Progress
+from trainers.recipes import SHARED_SETTINGS
 from trainers.rng import rng_state, seed_everything, set_rng_state
 
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
@@ -139,7 +140,7 @@ class Trainer:
         self.run_name = run_name or engine.name
         self.run_dir = run_directory(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
         self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
-        self.settings = settings or {"mode": "shared", "recipe": {}, "overridden": []}
+        self.settings = settings or dict(SHARED_SETTINGS)
         self.overwrite = overwrite
         self.params = [p for _, p in trainable_parameters(model)]
         methods = {orthogonal_method(m) for m in model.modules()} - {None}

@@ -101,7 +101,7 @@ def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdi
 
     ``build(trainer, seed, overrides) -> trainers.cli.Setup``. Returns (and writes to
     ``<logdir>/<experiment>/tuning/<trainer>/tuning.json``) ``{"grid", "seed", "metric",
-    "trials": [{"values", "best_val", "best_step"}], "best": values}``.
+    "trials": [{"values", "best_val", "best_step"}], "best": values, "best_val": its metrics}``.
     """
     points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
     trials = []
@@ -118,8 +118,9 @@ def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdi
             trial["diverged"] = str(err)
         trials.append(trial)
     metric = setup.task.metric_name
+    selected = select(trials, metric)
     record = {"trainer": trainer, "grid": grid, "budget": len(points), "seed": seed, "metric": metric,
-              "trials": trials, "best": select(trials, metric)["values"]}
+              "trials": trials, "best": selected["values"], "best_val": selected["best_val"]}
     if logdir is not None and DataParallel().is_main:
         write_text_atomic(Path(logdir) / experiment / "tuning" / trainer / "tuning.json",
                           json.dumps(record, indent=2, default=str) + "\n")
