@@ -58,3 +58,8 @@ def test_no_heatmap_without_per_layer_agreement(tmp_path, monkeypatch):
 def test_the_png_is_written(tmp_path, metric):
     plot_comparison({"foton": [history({"w.weight": 0.5}, 0.5)]}, metric, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_single_agreement_step_draws_without_warnings(tmp_path, recwarn):
+    plot_comparison({"foton": [history({"w.weight": 0.5}, 0.5, steps=(0,))]}, "accuracy", tmp_path / "c.png")
+    assert not [w for w in recwarn if "singular" in str(w.message)]

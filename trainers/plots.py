@@ -33,8 +33,9 @@ def layer_grid(histories: list[list[dict]], prefix: str = "grad/cosine/"):
 
 def _heatmap(ax, fig, title: str, grid, label: str, **style) -> None:
     steps, names, values = grid
+    right = steps[-1] if steps[-1] > steps[0] else steps[0] + 1  # one logged step still gets a width
     image = ax.imshow(values, aspect="auto", origin="lower", interpolation="nearest",
-                      extent=(steps[0], steps[-1], -0.5, len(names) - 0.5), **style)
+                      extent=(steps[0], right, -0.5, len(names) - 0.5), **style)
     ticks = np.unique(np.linspace(0, len(names) - 1, min(len(names), 10)).round().astype(int))
     ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7)
     ax.set_xlabel("step")
