@@ -199,7 +199,7 @@ def test_rank_0_refusal_reaches_every_rank(tmp_path):
     before = metrics.read_text()
     proc = torchrun(*flags, "--dist-timeout", "600", check=False, timeout=120)
     assert proc.returncode != 0
-    assert "already holds a run; pass --resume" in proc.stderr
+    assert "already holds a run; --resume continues it" in proc.stderr
     assert metrics.read_text() == before
 
 
@@ -236,9 +236,9 @@ def test_two_machines_meet_at_a_rendezvous_endpoint(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--dist-timeout", "0"], "--dist-timeout must be > 0"),
+    (["--dist-timeout", "0"], "--dist-timeout must be a finite number of seconds > 0"),
     (["--dist-backend", "nccl"], "the nccl backend needs --device cuda"),
-    (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"], "GPU"),
+    (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"], "CUDA"),
     (["--device", "tpu9"], "is not a torch device"),
 ])
 def test_bad_launch_options_exit_2_in_one_line(monkeypatch, capsys, flags, message):

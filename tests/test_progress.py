@@ -198,9 +198,9 @@ def test_unbounded_evaluation_is_unchanged(task):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("eval_batches", 0, "--eval-batches must be >= 1 or none, got 0"),
-    ("progress_seconds", 0, "--progress-seconds must be > 0, got 0.0"),
-    ("progress_seconds", float("nan"), "--progress-seconds must be > 0, got nan"),
+    ("eval_batches", 0, "eval_batches must be >= 1 or none, got 0"),  # Python spelling
+    ("progress_seconds", 0, "progress_seconds must be > 0, got 0.0"),
+    ("progress_seconds", float("nan"), "option 'progress_seconds' must be a finite number, got nan"),
 ])
 def test_bad_values_are_one_line_config_errors(option, value, message):
     with pytest.raises(ConfigError) as err:

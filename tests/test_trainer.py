@@ -108,8 +108,8 @@ def test_resume_equals_uninterrupted(task, tmp_path, orthogonal):
 
 def test_existing_run_needs_resume_or_overwrite(task, tmp_path):
     make_trainer(task, tmp_path).fit(steps=4)
-    with pytest.raises(trainers.ConfigError, match="--resume"):
-        make_trainer(task, tmp_path).fit(steps=4)
+    with pytest.raises(trainers.ConfigError, match=r"fit\(resume=True\) continues it, Trainer\(\.\.\., overwrite=True\)"):
+        make_trainer(task, tmp_path).fit(steps=4)  # advice in Python terms
     trainer = make_trainer(task, tmp_path, overwrite=True)
     trainer.fit(steps=4)
     assert max(r["step"] for r in read_metrics(trainer.run_dir)) == 4

@@ -1,16 +1,31 @@
-"""Atomic checkpoints: write a temporary file in the same directory, then rename.
+"""Atomic files and safe checkpoints.
 
-A crash while writing leaves the previous checkpoint intact; a reader never
-sees half a file.
+Every file a run writes goes through ``write_atomic``: a temporary file in the
+same directory, fsync, then rename, so a crash (or a full disk) leaves the
+previous version intact and a reader never sees half a file. Checkpoints are
+serialized in memory first, so a failing disk raises a plain ``OSError`` with
+its errno instead of an error from inside torch's zip writer.
+
+Checkpoints are loaded with ``torch.load(weights_only=True)``: tensors,
+numbers, strings, lists, tuples and dicts only. A checkpoint that holds
+anything else (a pickled object whose loading could run code) is refused
+without being executed (``UnsafeCheckpointError``); a truncated or garbled
+one raises ``DamagedCheckpointError``.
 """
 
+import io
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import torch
 
-__all__ = ["save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic"]
+from trainers.errors import DamagedCheckpointError, UnsafeCheckpointError
+
+__all__ = ["save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic", "TEMP_SUFFIX"]
+
+TEMP_SUFFIX = ".tmp"  # temporary files are ".<name>.<random>.tmp" beside their target
 
 
 def _umask() -> int:
@@ -19,22 +34,28 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: str | os.PathLike, write) -> Path:
+def write_atomic(path: str | os.PathLike, write, *, previous: str | os.PathLike | None = None) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename it to ``path``.
 
+    ``previous``: keep the file ``path`` held until now under that name (checkpoint
+    rotation); it is renamed only once the new file is complete on disk.
     The file gets the permissions of any new file (``0o666`` less the umask), not
     ``mkstemp``'s private ``0o600``. The temporary name never contains "tfevents", so
-    TensorBoard never reads a half-written events file.
+    TensorBoard never reads a half-written events file. On any error the temporary
+    file is removed and ``path`` is untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name.replace('tfevents', 'events')}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name.replace('tfevents', 'events')}.", suffix=TEMP_SUFFIX,
+                               dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if previous is not None and path.exists():
+            _keep_as(path, Path(previous))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -42,9 +63,24 @@ def write_atomic(path: str | os.PathLike, write) -> Path:
     return path
 
 
-def save_atomic(state: dict, path: str | os.PathLike) -> Path:
-    """``torch.save(state)`` to ``path`` atomically."""
-    return write_atomic(path, lambda f: torch.save(state, f))
+def _keep_as(path: Path, previous: Path) -> None:
+    """Make ``previous`` a second name of ``path``'s file (a hard link, renamed into place), so that
+    ``path`` exists at every moment; on a file system without hard links, rename ``path`` itself."""
+    link = previous.with_name(f".{previous.name}.link{TEMP_SUFFIX}")
+    try:
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        os.replace(link, previous)
+    except OSError:
+        link.unlink(missing_ok=True)
+        os.replace(path, previous)
+
+
+def save_atomic(state: dict, path: str | os.PathLike, *, previous: str | os.PathLike | None = None) -> Path:
+    """``torch.save(state)`` to ``path`` atomically (``write_atomic``; ``previous`` keeps the old file)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return write_atomic(path, lambda f: f.write(buffer.getbuffer()), previous=previous)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
@@ -52,6 +88,27 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text.encode()))
 
 
+_FORBIDDEN = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
+
+
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Load a checkpoint written by ``save_atomic`` (RNG states need full unpickling)."""
-    return torch.load(path, map_location=map_location, weights_only=False)
+    """Load a checkpoint written by ``save_atomic``, with ``weights_only=True``.
+
+    Raises ``UnsafeCheckpointError`` if it holds objects other than tensors and plain
+    values (nothing of it is executed), ``DamagedCheckpointError`` if it cannot be read.
+    """
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, UnpicklingError, ... on bad bytes
+        forbidden = _FORBIDDEN.search(str(err))
+        if forbidden:
+            raise UnsafeCheckpointError(
+                f"checkpoint {path} holds a pickled object ({forbidden.group(1)}), not only tensors and plain "
+                f"values; refused without loading it (loading it could run code)") from None
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise DamagedCheckpointError(f"checkpoint {path} is damaged ({reason})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise DamagedCheckpointError(f"checkpoint {path} is damaged (not a checkpoint of this framework)")
+    return state

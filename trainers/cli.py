@@ -14,6 +14,7 @@ parallel, and only rank 0 prints and writes.
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -24,9 +25,11 @@ import models
 import tasks
 from trainers.compare import compatible, run_comparison
 from trainers.config import TrainConfig
-from trainers.distributed import BACKENDS, DataParallel, init_distributed
-from trainers.errors import USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError
+from trainers.distributed import BACKENDS, DataParallel, init_distributed, local_device
+from trainers.errors import (USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError, RunWriteError,
+                             command_line)
 from trainers.hparams import write_experiment_config
+from trainers.memory import check_fits
 from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
 from trainers.recipes import recipe_for
 from trainers.registry import available, build_engine, engine_class
@@ -34,7 +37,11 @@ from trainers.rng import seed_everything
 from trainers.trainer import Trainer
 from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 
-__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup"]
+__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON",
+           "Setup", "OneLineParser"]
+
+SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
+MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; larger ones overflow torch's sizes
 
 MODEL_FLAGS = {
     # flag dest: (type, help); only flags the user gives reach the model
@@ -60,10 +67,35 @@ MODEL_FLAGS = {
 }
 
 
+POSITIVE_MODEL_FLAGS = ("depth", "hidden", "vocab_size", "input_dim", "heads", "orthogonal_iters", "in_features",
+                        "out_features")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with no abbreviated flags (``--epoch`` is not ``--epochs``) and usage errors in one line."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def _model_value(name, text):
     if name == "width":
-        parts = [int(p) for p in text.split(",")]
+        try:
+            parts = [int(p) for p in text.split(",")]
+        except ValueError:
+            parts = [0]
+        if min(parts) < 1:
+            raise ConfigError(f"--width must be a positive integer or a comma list of them, got {text!r}")
+        if max(parts) > MAX_SIZE:
+            raise ConfigError(f"--width must be <= 2**31 - 1, got {text}")
         return parts[0] if len(parts) == 1 else parts
+    if name in POSITIVE_MODEL_FLAGS and not 1 <= text <= MAX_SIZE:
+        raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 and <= 2**31 - 1, got {text}")
+    if isinstance(text, float) and not math.isfinite(text):
+        raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {text}")
     if name in ("bias", "per_step", "tie_weights"):
         if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise ConfigError(f"--{name.replace('_', '-')} must be true or false, got {text!r}")
@@ -78,8 +110,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     epilog = (f"trainers: {', '.join(available())}\n"
               f"models:   {', '.join(models.available())}\n"
               f"tasks:    {', '.join(tasks.available())}")
-    parser = argparse.ArgumentParser(description=description, epilog=epilog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", help=f"zoo model: {', '.join(models.available())} (default: mlp)")
     parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
@@ -152,6 +183,9 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         cfg_options["seed"] = seed
     cfg = parse_options(TrainConfig, cfg_options)
     engine = build_engine(trainer, **{**(recipe.engine_values() if recipe else {}), **given_engine})
+    for other in available():  # flags of the other trainers are unused, but never invalid
+        if other != trainer and (flags := options_from_args(args, engine_class(other).Options, prefix=f"{other}_")):
+            build_engine(other, **flags)
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
     with DataParallel().main_first():  # one download per job: rank 0 fills the cache, then the others read it
@@ -161,6 +195,13 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
                      for name, value in vars(args).items() if name.startswith("model_") and name != "model_"}
     model_options.setdefault("in_features", task.in_features)
     model_options.setdefault("out_features", task.num_outputs)
+    # geotorch's parametrizations cannot initialise on the meta device; the plain layer has their parameter count
+    estimate_options = {**model_options, "orthogonal": None} if model_options.get("orthogonal") in ("expm", "cayley") \
+        else model_options
+    check_fits(lambda: models.build(args.model, **estimate_options), task.train.inputs[:1],
+               batch_size=min(cfg.batch_size, len(task.train)), optimizer=cfg.optimizer, momentum=cfg.momentum,
+               dtype=getattr(torch, cfg.dtype), device=torch.device(local_device(cfg.device)),
+               depth=model_options.get("depth"))
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
     record = _settings_record(settings, recipe, given, set(values))
@@ -174,18 +215,30 @@ def join_job(args) -> DataParallel:
     return init_distributed(args.dist_backend, args.dist_timeout, device=getattr(args, "device", "cpu"))
 
 
-def run_cli(main) -> int:
-    """Run ``main()``; user errors -> one line + exit 2; a NaN loss or a lost rank -> one line + exit 1.
+def check_seed(seed: int, flag: str) -> None:
+    """Seeds are 0 <= seed < 2**32 (NumPy's range)."""
+    if not 0 <= seed < SEED_RANGE:
+        raise ConfigError(f"{flag} must be in [0, 2**32), got {seed}")
 
-    Under torchrun every rank prints its own error (prefixed with its rank); the
-    scripts end with ``trainers.distributed.exit_process``, which closes the group.
+
+def run_cli(main) -> int:
+    """Run ``main()`` with errors spelled as flags; one line on stderr for every failure.
+
+    Exit 2: user errors and OS errors before training started (``--logdir`` not
+    writable, a file, a full disk); exit 1: a NaN loss, a lost rank, or a write that
+    failed during training (``RunWriteError`` says what was kept). Under torchrun every
+    rank prints its own error (prefixed with its rank); the scripts end with
+    ``trainers.distributed.exit_process``, which closes the group.
     """
     try:
-        return main() or 0
+        with command_line():
+            return main() or 0
     except USER_ERRORS as err:
         code, message = 2, str(err)
-    except (NonFiniteLossError, DistributedError) as err:
+    except (NonFiniteLossError, DistributedError, RunWriteError) as err:
         code, message = 1, str(err)
+    except OSError as err:
+        code, message = 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
     here = DataParallel()
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
     print(f"error: {prefix}{message}", file=sys.stderr)
@@ -201,16 +254,17 @@ def train_main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def main():
-        if args.epochs < 1 and args.steps is None:
-            raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+        check_run_flags(args)
         here = join_job(args)
         setup = build_from_args(args, args.trainer, settings=args.settings)
         trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=args.logdir,
                           experiment=args.experiment, run_name=args.run_name, overwrite=args.overwrite,
                           meta=setup.meta, settings=setup.settings)
-        report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume)
+        report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
+                             allow_changes=list(options_from_args(args, TrainConfig)))
         if here.is_main:
-            write_experiment_config(Path(args.logdir) / args.experiment)
+            if not trainer.finished_before:
+                write_experiment_config(Path(args.logdir) / args.experiment)
             print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
 
     return run_cli(main)
@@ -223,6 +277,19 @@ DEFAULT_COMPARISON = dict(
     task="digits", model="mlp", model_depth=4, model_width="64", model_activation="tanh",
     model_orthogonal="bjorck", epochs=30, seeds="0,1,2", grad_agreement_every=10,
 )
+
+
+def check_run_flags(args) -> None:
+    """The flags of the run itself: its length and seeds (before anything is built)."""
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1 (the run must have at least one step), got {args.steps}")
+    check_seed(args.split_seed, "--split-seed")
+    for seed in _int_list(getattr(args, "seeds", None) or ""):
+        check_seed(seed, "--seeds")
+    if getattr(args, "tune_seed", None) is not None:
+        check_seed(args.tune_seed, "--tune-seed")
 
 
 def add_settings_flag(parser, default: str) -> None:
@@ -277,6 +344,7 @@ def compare_main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def main():
+        check_run_flags(args)
         here = join_job(args)
         seeds = _int_list(args.seeds)
         if not seeds:
@@ -295,7 +363,7 @@ def compare_main(argv=None) -> int:
         out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds,
                              logdir=args.logdir, run_name=args.run_name, experiment=experiment,
                              epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
-                             overwrite=True)
+                             overwrite=True, allow_changes=list(options_from_args(args, TrainConfig)))
         if here.is_main:
             print(out["table"])
             print(f"runs, summary.md and comparison.png in {out['dir']}")
@@ -330,7 +398,7 @@ def bench_main(argv=None) -> int:
     """``scripts/bench.py``: step time and peak memory, as ratios to backprop, JSON + Markdown."""
     from trainers import bench
 
-    parser = argparse.ArgumentParser(description="Benchmark step time (median) and peak memory per trainer.")
+    parser = OneLineParser(description="Benchmark step time (median) and peak memory per trainer.")
     parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "all"], default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,

@@ -142,7 +142,7 @@ def experiment_runs(out_dir) -> dict[str, list[dict]]:
 
 
 def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
-                   epochs=None, steps=None, resume=False, overwrite=True, run_name=None) -> dict:
+                   epochs=None, steps=None, resume=False, overwrite=True, run_name=None, allow_changes=()) -> dict:
     """Run every (trainer, seed), then write the summary table and figure of the
     whole experiment folder (runs added by earlier calls included).
 
@@ -151,14 +151,16 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
 
     ``build(trainer, seed) -> trainers.cli.Setup`` makes a fresh, seeded setup
     (engine, task, model, config, meta, settings); all setups are built and checked before any run
-    starts, so a bad trainer/model pair leaves nothing behind.
+    starts, so a bad trainer/model pair leaves nothing behind. ``resume`` and ``allow_changes``
+    are ``Trainer.fit``'s.
     """
     setups = {(t, s): build(t, s) for t in trainers for s in seeds}
     trainer_objs = {key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir, experiment=experiment,
                                  run_name=run_name, overwrite=overwrite, meta=s.meta, settings=s.settings)
                     for key, s in setups.items()}
     failures = [failure for (name, seed), trainer in trainer_objs.items()
-                if (failure := _run_or_record(trainer, name, seed, epochs=epochs, steps=steps, resume=resume))]
+                if (failure := _run_or_record(trainer, name, seed, epochs=epochs, steps=steps, resume=resume,
+                                                 allow_changes=allow_changes))]
     task = next(iter(setups.values())).task
     metric = task.metric_name
     out_dir = Path(logdir) / experiment
@@ -173,19 +175,16 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
 
 
 def _run_or_record(trainer: Trainer, name: str, seed: int, **fit) -> dict | None:
-    """``trainer.fit(**fit)``; a non-finite loss replaces the run's result by ``failed.json`` and
-    is returned (``{"run", "trainer", "seed", "error"}``), so the other runs can go on."""
-    run_dir = trainer.run_dir if trainer.run_dir is not None and trainer.parallel.is_main else None
+    """``trainer.fit(**fit)``; a non-finite loss is recorded in ``failed.json`` (the run left no
+    ``result.json``: ``fit`` removes an earlier run's when it starts) and returned
+    (``{"run", "trainer", "seed", "error"}``), so the other runs can go on."""
     try:
         trainer.fit(**fit)
     except NonFiniteLossError as err:
         failure = {"run": trainer.run_name, "trainer": name, "seed": seed, "error": str(err)}
-        if run_dir is not None:
-            (run_dir / "result.json").unlink(missing_ok=True)  # an earlier run's result would read as this one's
-            write_text_atomic(run_dir / FAILED, json.dumps(failure) + "\n")
+        if trainer.run_dir is not None and trainer.parallel.is_main:
+            write_text_atomic(trainer.run_dir / FAILED, json.dumps(failure) + "\n")
         return failure
-    if run_dir is not None:
-        (run_dir / FAILED).unlink(missing_ok=True)
     return None
 
 

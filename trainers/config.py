@@ -1,12 +1,15 @@
 """Training options shared by every engine (one dataclass, one flag per field)."""
 
 import dataclasses
+import math
 from typing import Literal
 
-from trainers.errors import ConfigError
+import torch
+
+from trainers.errors import ConfigError, spell
 from trainers.options import option
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "check_device"]
 
 
 @dataclasses.dataclass
@@ -42,21 +45,48 @@ class TrainConfig:
     progress_seconds: float = option(10.0, "seconds between progress lines (off a terminal) and metrics.jsonl flushes")
 
     def __post_init__(self):
-        positive = ("batch_size", "eval_batch_size", "log_every", "step_size")
-        for name in positive:
+        def bad(name, rule):
+            return ConfigError(f"{spell(name)} must be {rule}, got {getattr(self, name)}")
+
+        for f in dataclasses.fields(self):  # NaN and Inf first: no comparison below would catch NaN
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f.name, "a finite number")
+        for name in ("batch_size", "eval_batch_size", "log_every", "step_size"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise bad(name, ">= 1")
         for name in ("eval_every", "eval_batches", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 or none, got {value}")
-        nonneg = ("lr", "momentum", "weight_decay", "warmup_steps", "grad_agreement_every")
-        for name in nonneg:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise bad(name, ">= 1 or none")
+        for name in ("lr", "weight_decay", "warmup_steps", "grad_agreement_every"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not self.progress_seconds > 0:  # NaN too
-            raise ConfigError(f"--progress-seconds must be > 0, got {self.progress_seconds}")
+                raise bad(name, ">= 0")
+        if not 0 <= self.momentum < 1:
+            raise bad("momentum", "in [0, 1)")
+        if not 0 <= self.seed < 2**32:
+            raise bad("seed", "in [0, 2**32) (NumPy's seeds are 32-bit)")
+        if self.progress_seconds <= 0:
+            raise bad("progress_seconds", "> 0")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
-            raise ConfigError(f"--clip-grad-norm must be > 0, got {self.clip_grad_norm}")
+            raise bad("clip_grad_norm", "> 0")
         if not 0 < self.gamma <= 1:
-            raise ConfigError(f"--gamma must be in (0, 1], got {self.gamma}")
+            raise bad("gamma", "in (0, 1]")
+        check_device(self.device)
+
+
+def check_device(text: str) -> None:
+    """Raise ``ConfigError`` unless ``text`` names a device this torch can use."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{spell('device')} {text!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU build of torch" if torch.version.cuda is None else "torch finds no CUDA device"
+            raise ConfigError(f"{spell('device')} {text}: CUDA is not available ({build})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{spell('device')} {text}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{spell('device')} {text}: MPS is not available")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{spell('device')} {text}: only cpu, cuda and mps devices are supported")

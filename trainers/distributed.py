@@ -27,6 +27,7 @@ rank and every method is the identity, at no cost.
 
 import contextlib
 import datetime
+import math
 import os
 import sys
 
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from models.orthogonal import project_weights_, projected_weights
+from trainers.config import check_device
 from trainers.errors import ConfigError, DistributedError
 
 __all__ = ["DataParallel", "exit_process", "init_distributed", "launched_distributed", "local_device",
@@ -65,14 +67,12 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
     """
     if backend not in BACKENDS:
         raise ConfigError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if not timeout_s > 0:
-        raise ConfigError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    if not 0 < timeout_s < math.inf:
+        raise ConfigError(f"--dist-timeout must be a finite number of seconds > 0, got {timeout_s}")
+    check_device(device)
     if not launched_distributed() or dist.is_initialized():
         return DataParallel()
-    try:
-        on_gpu = torch.device(device).type == "cuda"
-    except RuntimeError:
-        raise ConfigError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    on_gpu = torch.device(device).type == "cuda"
     if backend == "auto":
         backend = "nccl" if on_gpu else "gloo"
     if backend == "nccl" and not (on_gpu and torch.cuda.is_available()):

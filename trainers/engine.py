@@ -64,7 +64,7 @@ class GradientEngine:
         """No options."""
 
     def __init__(self, **options: Any):
-        self.options = parse_options(self.Options, options)
+        self.options = parse_options(self.Options, options, prefix=f"{self.name}_")
 
     def check(self, model: nn.Module) -> None:
         """Raise ``IncompatibleModelError`` if this engine cannot train ``model``."""

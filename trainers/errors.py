@@ -1,21 +1,37 @@
-"""Every named error of the framework, in one place.
+"""Every named error of the framework, in one place, and how advice is spelled.
 
-``USER_ERRORS`` are mistakes in what the user asked for; the command-line
-scripts print their one-line message on stderr and exit with code 2.
+``USER_ERRORS`` are mistakes in what the user asked for (or files the run
+cannot use); the command-line scripts print their one-line message on stderr
+and exit with code 2, before anything is written. ``RunWriteError`` (the disk
+failed during training), ``NonFiniteLossError`` and ``DistributedError`` exit
+with code 1. Messages name options the way the user sets them (``spell``):
+``--lr`` and ``--resume`` on the command line, ``lr`` and ``fit(resume=True)``
+from Python.
 """
+
+import contextvars
+from contextlib import contextmanager
 
 from models.errors import ModelConfigError
 from tasks.errors import DataError, TaskConfigError
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
+    "DamagedCheckpointError",
     "DataError",
     "DistributedError",
     "IncompatibleModelError",
     "ModelConfigError",
     "NonFiniteLossError",
+    "RunBusyError",
+    "RunWriteError",
     "TaskConfigError",
     "USER_ERRORS",
+    "UnsafeCheckpointError",
+    "command_line",
+    "on_command_line",
+    "spell",
 ]
 
 
@@ -39,4 +55,55 @@ class DistributedError(RuntimeError):
     """A collective failed: another rank died or hung past the timeout (one line)."""
 
 
-USER_ERRORS = (ConfigError, IncompatibleModelError, ModelConfigError, DataError, TaskConfigError)
+class RunBusyError(ConfigError):
+    """Another process holds the run directory's lock (one writer per run)."""
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be used (one line naming the file)."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint is truncated, garbled or not a checkpoint of this framework."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint holds pickled objects besides tensors and plain values; refused unloaded."""
+
+
+class RunWriteError(RuntimeError):
+    """Writing the run failed during training (disk full, permissions); says what was kept (one line)."""
+
+
+USER_ERRORS = (ConfigError, IncompatibleModelError, ModelConfigError, DataError, TaskConfigError, CheckpointError)
+
+_COMMAND_LINE = contextvars.ContextVar("command_line", default=False)
+
+# how the Python API spells the advice the command line gives as flags
+_PYTHON_SPELLING = {
+    "resume": "fit(resume=True)",
+    "overwrite": "Trainer(..., overwrite=True)",
+    "run_name": "Trainer(..., run_name=...)",
+}
+
+
+def on_command_line() -> bool:
+    """Whether the current error is for a command-line user (inside ``command_line()``)."""
+    return _COMMAND_LINE.get()
+
+
+def spell(name: str) -> str:
+    """Option ``name`` as the user sets it: ``--kebab-case`` on the command line, else its Python spelling."""
+    if on_command_line():
+        return "--" + name.replace("_", "-")
+    return _PYTHON_SPELLING.get(name, name)
+
+
+@contextmanager
+def command_line():
+    """Within this block, errors spell options as flags (``scripts/*.py``)."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)

@@ -11,27 +11,36 @@ experiment's HParams configuration is written once per experiment folder
 
 import json
 import math
-import os
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from trainers.checkpoint import write_text_atomic
+from trainers.errors import DataError
 from trainers.hparams import METRIC_PREFIX, session_summaries
 
-__all__ = ["run_directory", "RunLogger", "read_metrics"]
-
-
-def run_directory(logdir, experiment: str, trainer: str, seed: int) -> Path:
-    """``<logdir>/<experiment>/<trainer>/seed<seed>``."""
-    return Path(logdir) / experiment / trainer / f"seed{seed}"
+__all__ = ["RunLogger", "read_metrics"]
 
 
 def read_metrics(run_dir) -> list[dict]:
-    """The records of ``metrics.jsonl`` in ``run_dir``."""
+    """The records of ``metrics.jsonl`` in ``run_dir``.
+
+    A torn last line (the process died, or the disk filled, mid-write) is dropped;
+    a damaged line before it raises ``DataError``.
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise DataError(f"{path} line {number} is damaged (not JSON): {line[:60]!r}") from None
+    return records
 
 
 def _json_value(v: float):
@@ -42,8 +51,8 @@ class RunLogger:
     """Scalars to TensorBoard and ``metrics.jsonl``; the HParams session at the end.
 
     ``resume_step``: continue a run whose checkpoint is at that step; records
-    logged after it by the interrupted run are dropped from ``metrics.jsonl``
-    and purged from TensorBoard, so the resumed run reads as one.
+    logged after it by the interrupted run (and a test record) are dropped from
+    ``metrics.jsonl`` and purged from TensorBoard, so the resumed run reads as one.
     """
 
     def __init__(self, run_dir, *, resume_step: int | None = None):
@@ -58,10 +67,10 @@ class RunLogger:
         self._file = open(self.jsonl, "a")
 
     def _truncate_after(self, step: int) -> None:
-        kept = [r for r in read_metrics(self.run_dir) if r["step"] <= step]
-        tmp = self.jsonl.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.jsonl)
+        """Keep the records up to ``step``, less any test record (the test is logged once, at the end)."""
+        kept = [r for r in read_metrics(self.run_dir)
+                if r["step"] <= step and not any(k.startswith("test/") for k in r)]
+        write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         """Write ``scalars`` (tag -> float) at ``step`` to both sinks."""
@@ -81,7 +90,12 @@ class RunLogger:
         for key, value in metrics.items():
             self.writer.add_scalar(METRIC_PREFIX + key, value, step)
 
-    def close(self) -> None:
-        self.flush()
-        self._file.close()
-        self.writer.close()
+    def close(self, quiet: bool = False) -> None:
+        """Flush and close both sinks; ``quiet``: ignore write errors (closing after a failure)."""
+        try:
+            self.flush()
+            self._file.close()
+            self.writer.close()
+        except OSError:
+            if not quiet:
+                raise

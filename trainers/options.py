@@ -2,17 +2,18 @@
 
 Each engine (and the Trainer) declares its hyperparameters as a dataclass
 whose fields carry a ``help`` string in their metadata. ``parse_options``
-rejects unknown keys and wrong types with a one-line ``ConfigError``;
+rejects unknown keys, wrong types and non-finite numbers with a one-line ``ConfigError``;
 ``add_arguments`` turns the fields into ``--kebab-case`` flags.
 """
 
 import argparse
 import ast
 import dataclasses
+import math
 import types
 import typing
 
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, on_command_line
 
 __all__ = ["option", "parse_options", "add_arguments", "options_from_args", "as_dict", "parse_key_values"]
 
@@ -46,28 +47,33 @@ def _allows_none(tp):
     return type(None) in typing.get_args(tp)
 
 
-def _coerce(name, value, tp):
-    """Check (and gently convert ints to floats) one option value."""
+def _coerce(name, value, tp, shown):
+    """Check (and gently convert ints to floats) one option value; ``shown`` names it in errors."""
     if value is None:
         if _allows_none(tp):
             return None
-        raise ConfigError(f"option '{name}' may not be None")
+        raise ConfigError(f"{shown} may not be None")
     choices = _choices(tp)
     if choices is not None:
         if value not in choices:
-            raise ConfigError(f"option '{name}' must be one of {', '.join(map(str, choices))}, got {value!r}")
+            raise ConfigError(f"{shown} must be one of {', '.join(map(str, choices))}, got {value!r}")
         return value
     base = _base_type(tp)
     if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
+    if base is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{shown} must be a finite number, got {value}")
     wrong_type = base in (int, float, str, bool) and not isinstance(value, base)
     if wrong_type or (base in (int, float) and isinstance(value, bool)):
-        raise ConfigError(f"option '{name}' must be {base.__name__}, got {value!r}")
+        raise ConfigError(f"{shown} must be {base.__name__}, got {value!r}")
     return value
 
 
-def parse_options(cls, options: dict):
-    """Build the options dataclass ``cls`` from a dict; reject unknown keys and bad types."""
+def parse_options(cls, options: dict, *, prefix: str = ""):
+    """Build the options dataclass ``cls`` from a dict; reject unknown keys and bad types.
+
+    Errors name an option as its flag (``--<prefix>-<name>``) on the command line, else ``option '<name>'``.
+    """
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - set(fields))
     if unknown:
@@ -75,7 +81,8 @@ def parse_options(cls, options: dict):
             f"unknown option {', '.join(unknown)} for {cls.__name__}; accepted: {', '.join(fields) or 'none'}"
         )
     hints = typing.get_type_hints(cls)
-    values = {k: _coerce(k, v, hints[k]) for k, v in options.items()}
+    shown = {k: "--" + (prefix + k).replace("_", "-") if on_command_line() else f"option '{k}'" for k in options}
+    values = {k: _coerce(k, v, hints[k], shown[k]) for k, v in options.items()}
     return cls(**values)
 
 

@@ -1,4 +1,8 @@
-"""Random-number state: seed everything from one seed, capture and restore it."""
+"""Random-number state: seed everything from one seed, capture and restore it.
+
+States are tensors and plain values only (NumPy's key array as a tensor), so a
+checkpoint holding them loads with ``torch.load(weights_only=True)``.
+"""
 
 import os
 import random
@@ -34,10 +38,13 @@ def set_torch_rng_state(state: dict) -> None:
 
 def rng_state() -> dict:
     """All generators, for checkpoints."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch_rng_state()}
+    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch_rng_state()}
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.int64).astype(np.uint32), pos, has_gauss, gauss))
     set_torch_rng_state(state["torch"])

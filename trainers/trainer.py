@@ -37,22 +37,22 @@ import torch
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
 from tasks.base import IGNORE_INDEX
 from trainers.agreement import gradient_agreement
-from trainers.checkpoint import load_checkpoint, save_atomic, write_text_atomic
+from trainers.checkpoint import write_text_atomic
 from trainers.config import TrainConfig
 from trainers.distributed import DataParallel, local_device
 from trainers.engine import GradientEngine, trainable_parameters
-from trainers.errors import ConfigError, DistributedError, NonFiniteLossError
+from trainers.errors import USER_ERRORS, ConfigError, DistributedError, NonFiniteLossError, RunWriteError, spell
 from trainers.hparams import session_hparams, session_metrics
-from trainers.logger import RunLogger, read_metrics, run_directory
+from trainers.logger import RunLogger, read_metrics
 from trainers.optim import build_optimizer, build_scheduler
 from trainers.options import as_dict, parse_options
 from trainers.progress import Progress
 from trainers.recipes import SHARED_SETTINGS
 from trainers.rng import rng_state, seed_everything, set_rng_state
+from trainers.rundir import RunDirectory, check_resume, note, run_path
 
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
 
-CHECKPOINT = "checkpoint.pt"
 EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
 
 
@@ -138,7 +138,8 @@ class Trainer:
         # rows of the periodic validations (None: the whole split)
         self.eval_rows = eval_subset(len(task.val), cfg.eval_batches, cfg.eval_batch_size)
         self.run_name = run_name or engine.name
-        self.run_dir = run_directory(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
+        self.run_dir = run_path(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
+        self.files = RunDirectory(self.run_dir) if self.run_dir is not None else None  # lock, checkpoints
         self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
         self.settings = settings or dict(SHARED_SETTINGS)
         self.overwrite = overwrite
@@ -149,6 +150,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.params, cfg)
         self.scheduler = None
         self.step = 0
+        self.saved_step = None  # step of the last checkpoint written or resumed from
+        self.changes: list[dict] = []  # options changed at resumes (``rundir.check_resume``)
+        self.finished_before = False  # fit(resume=True) found the run finished: it wrote nothing
         self.best = None  # {"step", "val": {...}, "state": state_dict}
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
@@ -233,17 +237,28 @@ class Trainer:
             "global_batch": self.global_batch,
             "engine_name": self.engine.name,
             "task": self.task.name,
+            "identity": self.identity(),
+            "changes": self.changes,
         }
 
-    def save_checkpoint(self) -> Path | None:
-        """Write ``checkpoint.pt`` in the run directory atomically (rank 0 only)."""
-        if self.run_dir is None or not self.parallel.is_main:
-            return None
-        return save_atomic(self._checkpoint_state(), self.run_dir / CHECKPOINT)
+    def identity(self) -> dict:
+        """What a resumed run must share with its checkpoint: trainer, its options, model, task (its name,
+        shapes and split sizes)."""
+        task = self.task
+        return {"trainer": self.engine.name, "engine": self.engine.hparams(), "model": self.meta,
+                "task": {"name": task.name, "input_shape": list(task.input_shape), "outputs": task.num_outputs,
+                         **{split: len(getattr(task, split)) for split in ("train", "val", "test")}}}
 
-    def _restore(self, state: dict) -> None:
-        if state["engine_name"] != self.engine.name:
-            raise ConfigError(f"checkpoint was written by trainer '{state['engine_name']}', not '{self.engine.name}'")
+    def save_checkpoint(self) -> Path | None:
+        """Write the run directory's newest checkpoint atomically, keeping the previous one (rank 0 only)."""
+        if self.files is None or not self.parallel.is_main:
+            return None
+        path = self.files.save(self._checkpoint_state())
+        self.saved_step = self.step
+        return path
+
+    def _restore(self, state: dict, changes: list[dict]) -> None:
+        """Load a checkpoint that ``check_resume`` accepted; this run's options (``changes``) win."""
         world = state.get("world_size", 1)
         batch = state.get("global_batch", state["config"]["batch_size"] * world)
         if batch != self.global_batch:
@@ -253,42 +268,109 @@ class Trainer:
                 f"pass --batch-size {batch // self.parallel.world_size} to continue it"
                 + ("" if batch % self.parallel.world_size == 0 else " on a number of ranks that divides it"))
         self.model.load_state_dict(state["model"])
+        # the optimizer's state (moments) from the checkpoint, its hyperparameters from this run's options
+        options = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler:
-            self.scheduler.load_state_dict(state["scheduler"])
+        for group, mine in zip(self.optimizer.param_groups, options):
+            group.update(mine)
+        if self.scheduler:  # position from the checkpoint; rates from this run's lr and schedule options
+            n = len(self.scheduler.lr_lambdas)
+            self.scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * n,
+                                            "base_lrs": list(self.scheduler.base_lrs)})
+            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                           self.scheduler.lr_lambdas):
+                group["lr"] = base * factor(self.scheduler.last_epoch)
+            self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
-        self.step, self.best = state["step"], state["best"]
+        self.step, self.best, self.saved_step = state["step"], state["best"], state["step"]
+        self.changes = list(state.get("changes", [])) + changes
 
     # ------------------------------------------------------------- training
-    def fit(self, *, epochs: int | None = None, steps: int | None = None, resume: bool = False) -> dict:
+    def fit(self, *, epochs: int | None = None, steps: int | None = None, resume: bool = False,
+            allow_changes=()) -> dict:
         """Train for ``epochs`` or ``steps`` (one of them); returns the final report.
 
-        ``resume=True`` continues from the run directory's checkpoint if there is
-        one (and starts afresh otherwise), reproducing the uninterrupted run.
+        The run directory is locked for the whole call (one writer per run). ``resume=True``
+        continues from the run directory's newest readable checkpoint if there is one (and
+        starts afresh otherwise), reproducing the uninterrupted run; a finished run is
+        returned as it is. The checkpoint must come from the same trainer, options, task
+        and model; ``allow_changes`` names the options of ``rundir.CHANGEABLE`` (such as
+        ``"lr"``) that may differ from it, applied from the resumed step on and recorded
+        in ``result.json``.
         """
         if (epochs is None) == (steps is None):
             raise ConfigError("give exactly one of epochs or steps")
         total = steps if steps is not None else epochs * self.steps_per_epoch()
         if total < 1:
             raise ConfigError(f"the run must have at least one step, got {total}")
+        self.scheduler = build_scheduler(self.optimizer, self.cfg, total)
+        # rank 0 locks and reads the run directory; every rank gets its verdict (and the checkpoint)
+        verdict = self.parallel.broadcast_object(
+            self._open_run(resume, total, allow_changes) if self.parallel.is_main else None)
+        try:
+            if isinstance(verdict, BaseException):
+                raise verdict
+            how, found = verdict
+            if how == "done":
+                self.finished_before = True
+                return found
+            return self._fit(total, resumed=found)
+        finally:
+            if self.files is not None:
+                self.files.release()
+
+    def _open_run(self, resume: bool, total: int, allow_changes):
+        """Rank 0: lock the run directory, then ``("fresh", None)``, ``("resume", (checkpoint, changes))``
+        or ``("done", report)`` (a finished run resumed with no more steps); the error if neither may start."""
+        if self.files is None:
+            return "fresh", None
+        files = self.files
+        try:
+            files.acquire()
+            if resume:
+                state = files.load()
+                if state is not None:
+                    shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+                    changes = check_resume(files.path, state, self.identity(), as_dict(self.cfg), allow_changes,
+                                           shapes)
+                    finished = files.result()
+                    if finished is not None and state["step"] >= total:
+                        note(f"{files.path} finished at step {finished['steps']}; nothing to do (its results "
+                             f"are unchanged)")
+                        return "done", {k: finished[k] for k in ("steps", "best_step", "best_val", "final_val", "test")}
+                    return "resume", (state, changes)
+                if files.holds_run():
+                    note(f"{files.path} has no checkpoint yet (the run stopped before its first one); "
+                         f"starting it afresh")
+            elif files.holds_run() and not self.overwrite:
+                raise ConfigError(f"{files.path} already holds a run; {spell('resume')} continues it, "
+                                  f"{spell('overwrite')} replaces it")
+            files.clear()
+            return "fresh", None
+        except (*USER_ERRORS, OSError) as err:
+            return err
+
+    def _fit(self, total: int, resumed) -> dict:
+        """The training loop of ``fit``; ``resumed``: (checkpoint, changes) or None."""
         cfg = self.cfg
-        self.scheduler = build_scheduler(self.optimizer, cfg, total)
-        ckpt = self.run_dir / CHECKPOINT if self.run_dir is not None else None
-        # rank 0 reads the run directory; every rank gets its verdict (and the checkpoint)
-        found = self.parallel.broadcast_object(self._previous_run(ckpt, resume) if self.parallel.is_main else None)
-        if isinstance(found, str):
-            raise ConfigError(found)
-        resuming = found is not None
+        resuming = resumed is not None
         if resuming:
-            self._restore(found)
+            self._restore(*resumed)
+            for change in resumed[1]:
+                note(f"resuming at step {change['step']} with {change['option']} {change['to']} instead of "
+                     f"{change['from']} (recorded in result.json)")
         else:
             seed_everything(cfg.seed)
-            if ckpt is not None and self.parallel.is_main:
-                ckpt.unlink(missing_ok=True)
         self.parallel.broadcast_module(self.model)  # one replica, whatever each rank initialised
         writes = self.run_dir is not None and self.parallel.is_main
-        logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if writes else None
+        try:
+            if writes and resuming:
+                for stale in ("result.json", "failed.json"):  # records of the shorter run this one continues
+                    (self.run_dir / stale).unlink(missing_ok=True)
+            logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if writes else None
+        except OSError as err:
+            raise RunWriteError(self._write_failure(err)) from None
         eval_every = cfg.eval_every or self.steps_per_epoch()
         # rank 0 reports: a bar on a terminal, a line every progress_seconds otherwise (logs, CI)
         progress = Progress(f"{self.run_name} seed {cfg.seed}", total, initial=self.step, every=cfg.progress_seconds,
@@ -308,7 +390,7 @@ class Trainer:
                 if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:
                     scalars.update(self._agreement_scalars(x, y))
                 # gradients, clip, step, schedule, orthogonality upkeep
-                loss, lr, samples, step_s = self._train_step(x, y, ckpt)
+                loss, lr, samples, step_s = self._train_step(x, y)
                 self.step += 1
                 progress.update(self.step, loss)
                 # log
@@ -338,46 +420,55 @@ class Trainer:
                 self.step_times.append(time.perf_counter() - t_iter)
         except BaseException as err:
             if logger:
-                logger.close()
-            if isinstance(err, DistributedError) and ckpt is not None and ckpt.exists():
-                raise DistributedError(f"{err}; the last checkpoint is {ckpt}") from None
+                logger.close(quiet=True)
+            if isinstance(err, OSError):
+                raise RunWriteError(self._write_failure(err)) from None
+            if isinstance(err, DistributedError) and self.saved_step is not None:
+                raise DistributedError(f"{err}; the last checkpoint is {self.files.checkpoint}") from None
             raise
         finally:
             progress.close()
         report = self._final_report(progress)
-        if logger:  # rank 0 of a run with a directory
-            if report["test"] is not None:
-                logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
-            logger.flush()
-            record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
-                      "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(cfg),
-                      "world_size": self.parallel.world_size, "global_batch": self.global_batch,
-                      "model": self.meta, "settings": self.settings}
-            # the HParams session: hparam values and summary numbers (also kept in result.json)
-            record["summary"] = session_metrics(report, self.task.metric_name, read_metrics(self.run_dir))
-            logger.log_hparams(self.step, session_hparams(record), record["summary"])
-            logger.close()
-            write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
+        try:
+            self._write_result(report, logger)
+        except OSError as err:
+            if logger:
+                logger.close(quiet=True)
+            raise RunWriteError(self._write_failure(err)) from None
         return report
 
-    def _previous_run(self, ckpt, resume: bool):
-        """The checkpoint to resume from, None to start afresh, or why neither is allowed (a str)."""
-        if ckpt is None:
-            return None
-        if resume and ckpt.exists():
-            return load_checkpoint(ckpt)
-        if not self.overwrite and (self.run_dir / "metrics.jsonl").exists():
-            return f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite"
-        return None
+    def _write_failure(self, err: OSError) -> str:
+        """One line: which path failed, why, at which step, and what the run directory keeps."""
+        where = err.filename or self.run_dir
+        kept = (f"the last checkpoint (step {self.saved_step}) is kept at {self.files.checkpoint}"
+                if self.saved_step is not None else "no checkpoint was written")
+        return f"cannot write {where}: {err.strerror or err}; training stopped at step {self.step}, {kept}"
 
-    def _train_step(self, x, y, ckpt) -> tuple[float, float, int, float]:
+    def _write_result(self, report: dict, logger) -> None:
+        """Rank 0 of a run with a directory: the test record, the HParams session and ``result.json``."""
+        if logger is None:
+            return
+        if report["test"] is not None:
+            logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
+        logger.flush()
+        record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
+                  "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(self.cfg),
+                  "world_size": self.parallel.world_size, "global_batch": self.global_batch,
+                  "model": self.meta, "settings": self.settings, "resume_changes": self.changes}
+        # the HParams session: hparam values and summary numbers (also kept in result.json)
+        record["summary"] = session_metrics(report, self.task.metric_name, read_metrics(self.run_dir))
+        logger.log_hparams(self.step, session_hparams(record), record["summary"])
+        logger.close()
+        write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
+
+    def _train_step(self, x, y) -> tuple[float, float, int, float]:
         """One update; returns (global mean loss, learning rate used, global batch, seconds)."""
         t0 = time.perf_counter()
         # the engine stands where loss.backward() would
         out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
         loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item())
         if not math.isfinite(loss):
-            kept = f", last good checkpoint kept at {ckpt}" if ckpt is not None and ckpt.exists() else ""
+            kept = f", last good checkpoint kept at {self.files.checkpoint}" if self.saved_step is not None else ""
             raise NonFiniteLossError(f"loss is {loss} at step {self.step}; training stopped{kept}")
         if self.cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 from trainers.engines.forward_only import ModulatedForward
+from trainers.errors import ConfigError
 from trainers.options import option
 from trainers.registry import register_engine
 
@@ -43,6 +44,10 @@ class Pepita(ModulatedForward):
 
     def __init__(self, **options):
         super().__init__(**options)
+        if self.options.feedback_scale <= 0:
+            raise ConfigError(f"--pepita-feedback-scale must be > 0, got {self.options.feedback_scale}")
+        if not 0 <= self.options.feedback_seed < 2**63:
+            raise ConfigError(f"--pepita-feedback-seed must be in [0, 2**63), got {self.options.feedback_seed}")
         icml = self.options.variant == "icml2022"
         self.sign = 1.0 if icml else -1.0
         self.modulated_output_error = icml

@@ -1,0 +1,427 @@
+"""Every failure is one clean line: bad values, resumes that do not match, damaged or unsafe
+checkpoints, full disks, a second writer. Exit 2 before anything started, 1 during training;
+nothing written where nothing should be, nothing torn, nothing run from a checkpoint."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainers
+from trainers import checkpoint, trainer as trainer_module
+from trainers.cli import base_parser, train_main
+from trainers.errors import ConfigError, DataError, RunBusyError
+from trainers.logger import read_metrics
+from trainers.rundir import RunDirectory
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
+TEACHER = ["--task", "teacher", "--task-option", "n_train=256"]
+SMALL = ["--depth", "2", "--width", "8", "--batch-size", "32", "--progress", "false", "--experiment", "e"]
+TINY = [*TEACHER, *SMALL]
+
+
+def run(capsys, *flags) -> tuple[int, list[str]]:
+    """``train.py`` in this process: (exit code, stderr lines)."""
+    try:
+        code = train_main([str(f) for f in flags])
+    except SystemExit as ex:  # argparse's usage errors exit from the parser
+        code = ex.code
+    return code, capsys.readouterr().err.splitlines()
+
+
+def one_error(code, err, expected_code=2) -> str:
+    assert code == expected_code, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def run_dir(logdir) -> Path:
+    return Path(logdir) / "e" / "backprop" / "seed0"
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file below ``directory`` with its bytes (what a refused command must leave as it was),
+    but the lock file, which holds the pid of the last process that took the lock."""
+    return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+# ------------------------------------------------------------------ bad values at the boundary
+BAD_VALUES = {
+    ("--lr", "nan"): "error: --lr must be a finite number, got nan",
+    ("--lr", "inf"): "error: --lr must be a finite number, got inf",
+    ("--lr", "1e400"): "error: --lr must be a finite number, got inf",
+    ("--clip-grad-norm", "nan"): "error: --clip-grad-norm must be a finite number",
+    ("--pepita-feedback-scale", "nan"): "error: --pepita-feedback-scale must be a finite number",
+    ("--width", "abc"): "--width must be a positive integer or a comma list",
+    ("--width", "1e9"): "--width must be a positive integer or a comma list",
+    ("--width", "16,,8"): "--width must be a positive integer or a comma list",
+    ("--seed", "-1"): "--seed must be in [0, 2**32)",
+    ("--seed", str(2**32)): "--seed must be in [0, 2**32)",
+    ("--split-seed", "-1"): "--split-seed must be in [0, 2**32)",
+    ("--device", "tpu9"): "'tpu9' is not a torch device",
+    ("--depth", "100000000"): "--depth 100000000 is above the 10000 layers",
+    ("--width", "2000000000"): "this run needs at least",
+    ("--in-features", str(2**64)): "--in-features must be >= 1 and <= 2**31 - 1",
+    ("--momentum", "1.5"): "--momentum must be in [0, 1)",
+    ("--epoch", "1"): "unrecognized arguments: --epoch 1 (see",  # no abbreviations
+    ("--depth", "abc"): "argument --depth: invalid int value: 'abc' (see",
+    ("--run-name", "../../x"): "--run-name must be a relative path inside the log directory",
+    ("--experiment", "/tmp/elsewhere"): "--experiment must be a relative path inside the log directory",
+}
+if not torch.cuda.is_available():
+    BAD_VALUES[("--device", "cuda")] = "--device cuda: CUDA is not available"
+
+
+@pytest.mark.parametrize("flag, value", list(BAD_VALUES), ids=[" ".join(k) for k in BAD_VALUES])
+def test_bad_value_is_one_line_exit_2_and_writes_nothing(flag, value, tmp_path, capsys):
+    code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "runs", flag, value)
+    assert BAD_VALUES[(flag, value)] in one_error(code, err)
+    assert not (tmp_path / "runs").exists()
+
+
+class Reached(Exception):
+    """Raised in place of training: the command was accepted."""
+
+
+HOSTILE = ["nan", "inf", "-inf", "1e400", "-1", "0", "1e30", str(2**64), "abc", ""]
+ALWAYS_INVALID = {"nan", "inf", "-inf", "1e400", "-1", "abc", ""}
+SIZES = {"--depth", "--width", "--hidden", "--vocab-size", "--input-dim", "--in-features", "--out-features"}
+
+
+def numeric_flags() -> list[str]:
+    """Every flag of train.py that takes a number (and --width, a list of numbers)."""
+    flags = ["--width"]
+    for action in base_parser("")._actions:
+        if not action.option_strings or action.type is None or action.choices:
+            continue
+        try:
+            numeric = isinstance(action.type("1"), (int, float)) and not isinstance(action.type("1"), bool)
+        except Exception:
+            continue
+        if numeric:
+            flags.append(action.option_strings[0])
+    return flags
+
+
+def test_every_numeric_option_refuses_hostile_values_in_one_line(tmp_path, monkeypatch, capsys):
+    """Fuzz: nan, inf, -1, 0, huge, non-numbers for every numeric flag. Each value is either refused
+    with exit 2 and one line, or accepted (training would start); never a traceback. The values that
+    are invalid for every option, and huge model sizes, must be refused."""
+    def reached(self, **_):
+        raise Reached
+    monkeypatch.setattr(trainer_module.Trainer, "fit", reached)
+    flags = numeric_flags()
+    assert {"--lr", "--seed", "--depth", "--dist-timeout", "--pepita-feedback-scale", "--highway-k"} <= set(flags)
+    logdir = tmp_path / "runs"
+    accepted = {}
+    for flag in flags:
+        for value in HOSTILE:
+            try:
+                code, err = run(capsys, *TINY, "--steps", "1", "--logdir", logdir, flag, value)
+            except Reached:
+                accepted.setdefault(flag, []).append(value)
+                capsys.readouterr()
+                continue
+            assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (flag, value, code, err)
+            assert not logdir.exists()
+    wrongly = {f: [v for v in vs if v in ALWAYS_INVALID or (f in SIZES and v in ("1e30", str(2**64)))]
+               for f, vs in accepted.items()}
+    assert not {f: v for f, v in wrongly.items() if v}, wrongly
+
+
+def test_usage_errors_are_one_line_through_a_real_process(tmp_path):
+    proc = subprocess.run([*TRAIN, "--epoch", "1", "--logdir", str(tmp_path)], capture_output=True, text=True,
+                          env=ENV)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: unrecognized arguments: --epoch 1 (see train.py --help)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ resume checks
+@pytest.fixture
+def finished(tmp_path, capsys):
+    """A finished 8-step run (checkpoint every 2 steps) in ``tmp_path``."""
+    code, err = run(capsys, *TINY, "--steps", "8", "--checkpoint-every", "2", "--logdir", tmp_path)
+    assert code == 0, err
+    return tmp_path
+
+
+RESUMED_AS_ANOTHER_RUN = {
+    "model": (["--width", "16"], "cannot resume {run}: its checkpoint is of another model (width 8 there, 16 here)"),
+    "task size": (["--task-option", "n_train=128"], "its checkpoint is of another task (train"),
+    "task": (["--task", "digits"], "its checkpoint is of another task (input_shape [32] there, [64] here, "
+                                   "name 'teacher' there, 'digits' here"),
+    "trainer": (["--trainer", "pepita", "--run-name", "backprop"],
+                "its checkpoint is of another trainer ('backprop' there, 'pepita' here)"),
+    "optimizer": (["--optimizer", "sgd"], "cannot resume {run} with --optimizer sgd: it was trained with adam, and a "
+                                          "resumed run keeps its optimizer, seed, dtype, schedule; start a new run "
+                                          "with another --run-name, or --overwrite"),
+    "dtype": (["--dtype", "float64"], "with --dtype float64: it was trained with float32"),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUMED_AS_ANOTHER_RUN))
+def test_resume_onto_another_run_is_refused_and_changes_nothing(case, finished, capsys):
+    flags, expected = RESUMED_AS_ANOTHER_RUN[case]
+    before = snapshot(finished)
+    base = SMALL if "--task" in flags else TINY
+    code, err = run(capsys, *base, "--steps", "12", "--logdir", finished, "--resume", *flags)
+    assert expected.format(run=run_dir(finished)) in one_error(code, err)
+    assert snapshot(finished) == before  # not even a new events file
+
+
+def test_a_new_learning_rate_on_resume_needs_the_flag_and_is_applied_and_recorded(tmp_path, capsys):
+    logdir = tmp_path / "runs"
+    assert run(capsys, *TINY, "--steps", "4", "--lr", "0.01", "--logdir", logdir, "--log-every", "1")[0] == 0
+    # resumed without --lr: the default (1e-3) differs from the run's 0.01 -> refused, nothing changes
+    (run_dir(logdir) / "result.json").unlink()  # as if it had been killed after its last checkpoint
+    before = snapshot(logdir)
+    code, err = run(capsys, *TINY, "--steps", "8", "--logdir", logdir, "--resume", "--log-every", "1")
+    assert "--lr is 0.001 here but 0.01 in its checkpoint (step 4); repeat the run's value, or give --lr " \
+           "explicitly with --resume to change it from step 4" in one_error(code, err)
+    assert snapshot(logdir) == before
+    # given explicitly: applied from step 4 on, said, recorded
+    code, err = run(capsys, *TINY, "--steps", "8", "--lr", "0.5", "--logdir", logdir, "--resume", "--log-every", "1")
+    assert code == 0 and err == ["note: resuming at step 4 with lr 0.5 instead of 0.01 (recorded in result.json)"]
+    lrs = {r["step"]: r["train/lr"] for r in read_metrics(run_dir(logdir)) if "train/lr" in r}
+    assert lrs == {1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.5, 6: 0.5, 7: 0.5, 8: 0.5}
+    result = json.loads((run_dir(logdir) / "result.json").read_text())
+    assert result["config"]["lr"] == 0.5
+    assert result["resume_changes"] == [{"step": 4, "option": "lr", "from": 0.01, "to": 0.5}]
+
+
+def test_python_api_resume_changes_are_explicit_and_advice_is_in_python_terms(tmp_path):
+    task = trainers_task()
+    def make(**kw):
+        import models
+        torch.manual_seed(0)
+        model = models.build("mlp", in_features=task.in_features, out_features=task.num_outputs, depth=2, width=8)
+        return trainers.Trainer(model, trainers.build_engine("backprop"), task, logdir=tmp_path, batch_size=32,
+                                progress=False, **kw)
+    make(lr=0.01, checkpoint_every=2).fit(steps=4)
+    (tmp_path / "default" / "backprop" / "seed0" / "result.json").unlink()
+    with pytest.raises(ConfigError, match=r"pass fit\(resume=True, allow_changes=\['lr'\]\) to change it"):
+        make(lr=0.1, checkpoint_every=2).fit(steps=6, resume=True)
+    resumed = make(lr=0.1, checkpoint_every=2)
+    resumed.fit(steps=6, resume=True, allow_changes=["lr"])
+    assert resumed.optimizer.param_groups[0]["lr"] == 0.1
+    assert resumed.changes == [{"step": 4, "option": "lr", "from": 0.01, "to": 0.1}]
+
+
+def trainers_task():
+    import tasks
+    return tasks.build("teacher", n_train=256)
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_on_resume(finished, capsys):
+    rdir = run_dir(finished)
+    for name in ("checkpoint.pt", "checkpoint.prev.pt", "result.json"):
+        (rdir / name).unlink()
+    code, err = run_cli_ok(capsys, finished, "--steps", "8", "--resume")
+    assert err == [f"note: {rdir} has no checkpoint yet (the run stopped before its first one); starting it afresh"]
+    assert max(r["step"] for r in read_metrics(rdir)) == 8 and (rdir / "result.json").exists()
+
+
+def run_cli_ok(capsys, logdir, *flags):
+    code, err = run(capsys, *TINY, "--checkpoint-every", "2", "--logdir", logdir, *flags)
+    assert code == 0, err
+    return code, err
+
+
+def test_resuming_a_finished_run_does_nothing_and_continuing_it_tests_once(finished, capsys):
+    rdir = run_dir(finished)
+    before = snapshot(finished)
+    _, err = run_cli_ok(capsys, finished, "--steps", "8", "--resume")
+    assert err == [f"note: {rdir} finished at step 8; nothing to do (its results are unchanged)"]
+    assert snapshot(finished) == before
+    run_cli_ok(capsys, finished, "--steps", "12", "--resume")  # a longer run: continues, tested once, at its end
+    tests = [r["step"] for r in read_metrics(rdir) if any(k.startswith("test/") for k in r)]
+    assert tests == [12] and json.loads((rdir / "result.json").read_text())["steps"] == 12
+
+
+# ------------------------------------------------------------------- checkpoint files
+def test_two_checkpoints_are_kept_and_a_damaged_newest_falls_back_to_the_previous(finished, capsys):
+    rdir = run_dir(finished)
+    newest, previous = (checkpoint.load_checkpoint(rdir / n)["step"] for n in ("checkpoint.pt", "checkpoint.prev.pt"))
+    assert (newest, previous) == (8, 6)
+    (rdir / "result.json").unlink()
+    for damage in (lambda b: b[: len(b) // 2], lambda b: os.urandom(len(b)), lambda b: b""):
+        ckpt = rdir / "checkpoint.pt"
+        good = ckpt.read_bytes()
+        ckpt.write_bytes(damage(good))
+        _, err = run_cli_ok(capsys, finished, "--steps", "8", "--resume")
+        assert len(err) == 1 and err[0].startswith(f"note: checkpoint {ckpt} is damaged (") and \
+            err[0].endswith("; resuming from the previous checkpoint checkpoint.prev.pt (step 6)"), err
+        assert checkpoint.load_checkpoint(ckpt)["step"] == 8  # trained again from step 6 to 8, saved
+        (rdir / "result.json").unlink()
+    # both damaged: one line, exit 2, nothing changed
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        (rdir / name).write_bytes(b"garbage")
+    before = snapshot(finished)
+    code, err = run(capsys, *TINY, "--steps", "8", "--logdir", finished, "--resume")
+    assert f"no readable checkpoint in {rdir}" in one_error(code, err) and "--overwrite starts the run afresh" in err[0]
+    assert snapshot(finished) == before
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_a_damaged_one_is_one_line(finished, capsys):
+    rdir = run_dir(finished)
+    (rdir / "result.json").unlink()
+    with open(rdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 9, "train/lo')  # the process died mid-line
+    assert max(r["step"] for r in read_metrics(rdir)) == 8
+    run_cli_ok(capsys, finished, "--steps", "10", "--resume")
+    assert [r["step"] for r in read_metrics(rdir)][-1] == 10
+    lines = (rdir / "metrics.jsonl").read_text().splitlines()
+    (rdir / "metrics.jsonl").write_text("\n".join([lines[0], "{garbage", *lines[1:]]) + "\n")
+    with pytest.raises(DataError, match=r"metrics.jsonl line 2 is damaged"):
+        read_metrics(rdir)
+
+
+def test_stale_temporaries_are_removed_and_every_file_has_one_mode(finished, capsys):
+    rdir = run_dir(finished)
+    (rdir / "result.json").unlink()
+    stale = rdir / ".checkpoint.pt.abc123.tmp"
+    stale.write_bytes(b"x" * 1000)  # a writer killed mid-write
+    run_cli_ok(capsys, finished, "--steps", "10", "--resume")
+    assert not stale.exists()
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in rdir.iterdir() if p.is_file()}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
+    assert {"checkpoint.pt", "checkpoint.prev.pt", "result.json", "metrics.jsonl", ".lock"} <= set(modes)
+
+
+def test_a_checkpoint_crafted_to_run_code_is_refused_without_running_it(finished, tmp_path):
+    """A checkpoint whose unpickling would call os.system: --resume refuses it in one line (a real
+    process), the command never runs, and the damaged-file fallback does not skip it."""
+    rdir = run_dir(finished)
+    (rdir / "result.json").unlink()
+    marker = tmp_path / "pwned"
+    crafted = checkpoint.load_checkpoint(rdir / "checkpoint.pt")
+    crafted["engine"] = Payload(f"touch {marker}")
+    torch.save(crafted, rdir / "checkpoint.pt")
+    with pytest.raises(trainers.errors.UnsafeCheckpointError):
+        checkpoint.load_checkpoint(rdir / "checkpoint.pt")
+    before = snapshot(finished)
+    proc = subprocess.run([*TRAIN, *TINY, "--steps", "8", "--logdir", str(finished), "--resume"],
+                          capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"error: checkpoint {rdir / 'checkpoint.pt'} holds a pickled object "
+                                        f"(posix.system), not only tensors and plain values; refused without "
+                                        f"loading it (loading it could run code)"]
+    assert not marker.exists()
+    assert snapshot(finished) == before
+
+
+class Payload:
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+# ------------------------------------------------------------------------ OS failures
+def test_a_logdir_that_is_a_file_or_unwritable_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    code, err = run(capsys, *TINY, "--steps", "1", "--logdir", not_a_dir)
+    assert one_error(code, err).startswith(f"error: {not_a_dir}") and "Not a directory" in err[0]
+    assert not_a_dir.read_text() == "x"
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+    monkeypatch.setattr(Path, "mkdir", denied)  # (tests run as root, which chmod does not stop)
+    code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "ro")
+    assert one_error(code, err) == f"error: {tmp_path / 'ro' / 'e' / 'backprop' / 'seed0'}: Permission denied"
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "metrics"])
+def test_a_full_disk_during_training_is_one_line_exit_1_and_keeps_the_last_checkpoint(where, tmp_path, capsys,
+                                                                                        monkeypatch):
+    logdir = tmp_path / "runs"
+    calls = {"n": 0}
+    if where == "checkpoint":  # the 3rd checkpoint write fails as on a full disk
+        real = checkpoint.write_atomic
+
+        def write_atomic(path, write, **kw):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                def full(f):
+                    f.write(b"partial")
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                return real(path, full, **kw)
+            return real(path, write, **kw)
+        monkeypatch.setattr(checkpoint, "write_atomic", write_atomic)
+    else:  # metrics.jsonl cannot be flushed at step 5
+        from trainers import logger
+
+        real_flush = logger.RunLogger.flush
+
+        def flush(self):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.jsonl))
+            real_flush(self)
+        monkeypatch.setattr(logger.RunLogger, "flush", flush)
+    code, err = run(capsys, *TINY, "--steps", "20", "--checkpoint-every", "2", "--logdir", logdir)
+    rdir = run_dir(logdir)
+    target = rdir / ("checkpoint.pt" if where == "checkpoint" else "metrics.jsonl")
+    kept = 4
+    assert one_error(code, err, expected_code=1) == (
+        f"error: cannot write {target}: No space left on device; training stopped at step 6, the last checkpoint "
+        f"(step {kept}) is kept at {rdir / 'checkpoint.pt'}")
+    assert checkpoint.load_checkpoint(rdir / "checkpoint.pt")["step"] == kept  # whole, not torn
+    assert not [p for p in rdir.iterdir() if p.name.endswith(".tmp")]
+    assert not (rdir / "result.json").exists()
+    # the disk has room again: --resume continues from the kept checkpoint
+    monkeypatch.undo()
+    assert run(capsys, *TINY, "--steps", "20", "--checkpoint-every", "2", "--logdir", logdir, "--resume")[0] == 0
+
+
+# ------------------------------------------------------------------------ one writer
+def test_a_second_writer_is_refused_while_the_lock_is_held(tmp_path, capsys):
+    holder = RunDirectory(run_dir(tmp_path))
+    holder.acquire()
+    try:
+        code, err = run(capsys, *TINY, "--steps", "2", "--logdir", tmp_path)
+        assert one_error(code, err) == (f"error: {run_dir(tmp_path)} is being written by another process "
+                                        f"(pid {os.getpid()}); wait for it to finish, or choose another --run-name")
+        with pytest.raises(RunBusyError):
+            RunDirectory(run_dir(tmp_path)).acquire()
+    finally:
+        holder.release()
+    assert run(capsys, *TINY, "--steps", "2", "--logdir", tmp_path)[0] == 0
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_two_processes_started_together_on_one_run_directory(resume, tmp_path):
+    """Two real processes at the same moment (twice with --resume onto a killed run): one trains,
+    the other is refused in one line naming the holder's pid; metrics.jsonl has every step once."""
+    flags = [*TRAIN, *TINY, "--steps", "1500", "--log-every", "1", "--checkpoint-every", "50", "--logdir",
+             str(tmp_path)]
+    if resume:
+        subprocess.run([*flags[:-2], "--steps", "100", "--logdir", str(tmp_path)], check=True, env=ENV,
+                       capture_output=True)
+        (run_dir(tmp_path) / "result.json").unlink()
+        flags.append("--resume")
+    procs = [subprocess.Popen(flags, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2).splitlines()
+    assert len(refused) == 1 and "is being written by another process (pid " in refused[0]
+    winner = next(p for p, (code, _) in zip(procs, results) if code == 0)
+    assert f"(pid {winner.pid})" in refused[0]
+    steps = [r["step"] for r in read_metrics(run_dir(tmp_path)) if "train/loss" in r]
+    assert steps == list(range(1, 1501))

@@ -1,0 +1,217 @@
+"""A run directory: one writer at a time, its files, checkpoint rotation, resume checks.
+
+Layout of ``<logdir>/<experiment>/<run>/seed<k>/``::
+
+    .lock                  flock-ed by the process writing the run; holds its pid
+    checkpoint.pt          the newest checkpoint
+    checkpoint.prev.pt     the one before it: used (with a note) when the newest is damaged
+    metrics.jsonl          one JSON record per logged step
+    events.out.tfevents.*  TensorBoard scalars and the run's HParams session
+    result.json            the final report, once the run has finished
+
+The lock is held for the whole of ``Trainer.fit`` (an ``flock``, so the kernel
+releases it when the process dies, even by ``kill -9``); a second writer is
+refused in one line naming the holder's pid. Every file is written atomically
+(``trainers.checkpoint.write_atomic``) with one mode (``0o666`` less the umask);
+temporary files left by a killed writer are removed when the next one takes
+the lock.
+
+Resuming checks the checkpoint against the run being resumed (``check_resume``):
+the trainer, its options, the task and the model must be the same, and so must
+the options that define the trajectory from its start (``FIXED``); the options
+in ``CHANGEABLE`` (learning rate, momentum, ...) may change at the resume step
+only when the user says so, and each change is recorded. The rest (logging,
+evaluation batch size, device) follow the current run.
+"""
+
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from trainers.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic
+from trainers.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
+
+__all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
+
+CHECKPOINT, PREVIOUS, LOCK, RESULT, METRICS = "checkpoint.pt", "checkpoint.prev.pt", ".lock", "result.json", "metrics.jsonl"
+RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS, RESULT, "failed.json")
+
+FIXED = ("optimizer", "seed", "dtype", "schedule")
+"""Training options a resumed run keeps: another value would be another run."""
+
+CHANGEABLE = ("lr", "momentum", "nesterov", "weight_decay", "clip_grad_norm", "warmup_steps", "step_size", "gamma",
+              "eval_every", "eval_batches")
+"""Training options a resume may change from its step on, when asked explicitly (recorded)."""
+
+
+def note(message: str) -> None:
+    """A one-line note on stderr (what the run did instead of what was asked, and why)."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def run_path(logdir, experiment: str, run_name: str, seed: int) -> Path:
+    """``<logdir>/<experiment>/<run_name>/seed<seed>``; names are relative paths that stay inside ``logdir``."""
+    for what, name in (("experiment", experiment), ("run_name", run_name)):
+        parts = Path(name).parts
+        if not name or Path(name).is_absolute() or any(p in ("..", ".") for p in parts) or "\0" in name:
+            raise ConfigError(f"{spell(what)} must be a relative path inside the log directory without '.' or "
+                              f"'..' parts, got {name!r}")
+    return Path(logdir) / experiment / run_name / f"seed{seed}"
+
+
+class RunDirectory:
+    """The files of one run and the lock of its single writer (module docstring)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.checkpoint, self.previous = self.path / CHECKPOINT, self.path / PREVIOUS
+        self._lock_fd = None
+        self._newest_damaged = False  # load() fell back: the next save replaces the newest, keeps the previous
+
+    # ------------------------------------------------------------------ lock
+    def acquire(self) -> None:
+        """Create the directory and take its lock; ``RunBusyError`` if another process holds it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunBusyError(f"{self.path} is being written by another process (pid {holder}); wait for it to "
+                               f"finish, or choose another {spell('run_name')}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+        for tmp in self.path.glob(f".*{TEMP_SUFFIX}"):  # left by a writer that was killed mid-write
+            tmp.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)  # no pid of a finished writer left behind
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ----------------------------------------------------------------- files
+    def holds_run(self) -> bool:
+        """Whether an earlier run left its records here."""
+        return any((self.path / name).exists() for name in (CHECKPOINT, PREVIOUS, METRICS))
+
+    def clear(self) -> None:
+        """Remove an earlier run's files (a fresh start): checkpoints, metrics, results, event files."""
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        for events in self.path.glob("events.out.tfevents.*"):
+            events.unlink()
+
+    def result(self) -> dict | None:
+        """The finished run's ``result.json`` (None if it has not finished)."""
+        path = self.path / RESULT
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def save(self, state: dict) -> Path:
+        """Write ``state`` as the newest checkpoint; the one it replaces becomes the previous
+        (unless it was damaged: then the previous stays)."""
+        path = save_atomic(state, self.checkpoint, previous=None if self._newest_damaged else self.previous)
+        self._newest_damaged = False
+        return path
+
+    def load(self) -> dict | None:
+        """The newest readable checkpoint (None if there is none).
+
+        A damaged newest checkpoint is reported in one line and the previous one used;
+        an unsafe one (``UnsafeCheckpointError``) is refused outright, never skipped.
+        """
+        problems = []
+        for path in (self.checkpoint, self.previous):
+            try:
+                state = load_checkpoint(path)
+            except FileNotFoundError:
+                continue
+            except DamagedCheckpointError as err:
+                problems.append(str(err))
+                continue
+            if problems:
+                note(f"{problems[0]}; resuming from the previous checkpoint {path.name} (step {state['step']})")
+                self._newest_damaged = True
+            return state
+        if problems:
+            raise DamagedCheckpointError(f"no readable checkpoint in {self.path}: {'; '.join(problems)}; "
+                                         f"{spell('overwrite')} starts the run afresh")
+        return None
+
+
+def _holder(fd: int, wait_s: float = 1.0) -> str:
+    """The pid in a lock file held by another process. The holder writes it just after taking
+    the lock, so an empty file, or the pid of a writer that has died since, is read again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text.isdigit() and _alive(int(text)) or time.monotonic() > deadline:
+            return text or "unknown"
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _differences(saved: dict, current: dict) -> list[str]:
+    keys = sorted(set(saved) | set(current), key=str)
+    return [f"{k} {saved.get(k)!r} there, {current.get(k)!r} here" for k in keys if saved.get(k) != current.get(k)]
+
+
+def check_resume(path, state: dict, identity: dict, config: dict, allow_changes=(), shapes=None) -> list[dict]:
+    """Refuse (``ConfigError``, one line) a checkpoint written by another run; return the changes to apply.
+
+    ``identity``: ``{"trainer", "engine": options, "task": its name and sizes, "model": how it was built}``;
+    ``config``: this run's training options; ``shapes``: name -> shape of this run's model
+    state (a model built otherwise, or a Python model without a recorded build, shows here). Returns ``[{"step", "option", "from", "to"}]``
+    for each option of ``CHANGEABLE`` in ``allow_changes`` whose value differs.
+    """
+    step = state["step"]
+    saved = state.get("identity")
+    if saved is None:  # written before identities were recorded: the trainer name is all there is
+        saved = {**identity, "trainer": state.get("engine_name")}
+    for key, what in (("trainer", "trainer"), ("task", "task"), ("engine", "trainer options"), ("model", "model")):
+        if saved[key] != identity[key]:
+            diff = (", ".join(_differences(saved[key], identity[key])[:3])
+                    if isinstance(saved[key], dict) and isinstance(identity[key], dict)
+                    else f"{saved[key]!r} there, {identity[key]!r} here")
+            raise ConfigError(f"cannot resume {path}: its checkpoint is of another {what} ({diff}); start a new "
+                              f"run with another {spell('run_name')}, or {spell('overwrite')}")
+    if shapes is not None:
+        saved_shapes = {k: tuple(v.shape) for k, v in state["model"].items()}
+        for k in sorted(set(saved_shapes) | set(shapes)):
+            if saved_shapes.get(k) != shapes.get(k):
+                raise ConfigError(f"cannot resume {path}: its checkpoint is of another model ({k}: shape "
+                                  f"{saved_shapes.get(k)} there, {shapes.get(k)} here); start a new run with another "
+                                  f"{spell('run_name')}, or {spell('overwrite')}")
+    old = state["config"]
+    for name in FIXED:
+        if old.get(name) != config[name]:
+            raise ConfigError(f"cannot resume {path} with {spell(name)} {config[name]}: it was trained with "
+                              f"{old.get(name)}, and a resumed run keeps its {', '.join(FIXED)}; start a new run "
+                              f"with another {spell('run_name')}, or {spell('overwrite')}")
+    changes = []
+    for name in CHANGEABLE:
+        if name in old and old[name] != config[name]:
+            if name not in allow_changes:
+                how = (f"give {spell(name)} explicitly with --resume" if on_command_line()
+                       else f"pass fit(resume=True, allow_changes=[{name!r}])")
+                raise ConfigError(f"cannot resume {path}: {spell(name)} is {config[name]} here but {old[name]} in "
+                                  f"its checkpoint (step {step}); repeat the run's value, or {how} to change it "
+                                  f"from step {step} (recorded in result.json)")
+            changes.append({"step": step, "option": name, "from": old[name], "to": config[name]})
+    return changes
+
