@@ -13,7 +13,6 @@ the N-process runs need N GPUs.
     python scripts/dist_bench.py --device cuda --procs 1 --out bench_out/dist_gpu
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from trainers.bench import machine_description  # noqa: E402
+from trainers.cli import OneLineParser  # noqa: E402
 
 # model flags -> engines that train it; sizes big enough that compute, not launch, sets the pace
 SETUPS = {
@@ -67,7 +67,7 @@ def run_train(engine, flags, batch, procs, threads, args, logdir) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--procs", type=int, default=2, help="processes of the data-parallel runs (default 2)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run (default 40)")
     parser.add_argument("--warmup", type=int, default=5)

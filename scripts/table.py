@@ -11,10 +11,11 @@ Rows are experiment folders, columns run names, cells mean ± std over seeds (co
 import argparse
 import sys
 
+from trainers.cli import OneLineParser
 from trainers.compare import collect_results, pivot_cells, pivot_table
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root")
     parser.add_argument("--value", choices=["test", "best_val", "final_val"], default="test")
     parser.add_argument("--columns", default=None, help="comma list of run names, in order")

@@ -425,3 +425,28 @@ def test_two_processes_started_together_on_one_run_directory(resume, tmp_path):
     assert f"(pid {winner.pid})" in refused[0]
     steps = [r["step"] for r in read_metrics(run_dir(tmp_path)) if "train/loss" in r]
     assert steps == list(range(1, 1501))
+
+
+def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    real = trainer_module.Trainer._train_step
+
+    def interrupted_at_5(self, x, y):
+        if self.step == 5:
+            raise KeyboardInterrupt
+        return real(self, x, y)
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", interrupted_at_5)
+    code, err = run(capsys, *TINY, "--steps", "8", "--checkpoint-every", "2", "--logdir", tmp_path)
+    assert one_error(code, err, expected_code=130) == (
+        f"error: interrupted at step 5, the last checkpoint (step 4) is kept at {run_dir(tmp_path) / 'checkpoint.pt'}; "
+        f"--resume continues the run")
+    monkeypatch.undo()
+    assert run(capsys, *TINY, "--steps", "8", "--checkpoint-every", "2", "--logdir", tmp_path, "--resume")[0] == 0
+
+
+def test_overwrite_removes_the_earlier_runs_files(finished, capsys):
+    rdir = run_dir(finished)
+    assert len(list(rdir.glob("events.out.tfevents.*"))) == 1
+    run_cli_ok(capsys, finished, "--steps", "4", "--overwrite")
+    assert len(list(rdir.glob("events.out.tfevents.*"))) == 1  # the old run's events are gone
+    assert max(r["step"] for r in read_metrics(rdir)) == 4
+    assert checkpoint.load_checkpoint(rdir / "checkpoint.prev.pt")["step"] == 2  # both checkpoints are this run's

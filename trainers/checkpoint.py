@@ -57,6 +57,11 @@ def write_atomic(path: str | os.PathLike, write, *, previous: str | os.PathLike 
         if previous is not None and path.exists():
             _keep_as(path, Path(previous))
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        if err.filename is None:  # a failed write() on a full disk names no file: name the one being written
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -28,6 +28,8 @@ from trainers.config import TrainConfig
 from trainers.distributed import BACKENDS, DataParallel, init_distributed, local_device
 from trainers.errors import (USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError, RunWriteError,
                              command_line)
+
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 from trainers.hparams import write_experiment_config
 from trainers.memory import check_fits
 from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
@@ -226,7 +228,7 @@ def run_cli(main) -> int:
 
     Exit 2: user errors and OS errors before training started (``--logdir`` not
     writable, a file, a full disk); exit 1: a NaN loss, a lost rank, or a write that
-    failed during training (``RunWriteError`` says what was kept). Under torchrun every
+    failed during training (``RunWriteError`` says what was kept); exit 130: Ctrl-C. Under torchrun every
     rank prints its own error (prefixed with its rank); the scripts end with
     ``trainers.distributed.exit_process``, which closes the group.
     """
@@ -239,6 +241,8 @@ def run_cli(main) -> int:
         code, message = 1, str(err)
     except OSError as err:
         code, message = 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
+    except KeyboardInterrupt as err:
+        code, message = INTERRUPTED, str(err) or "interrupted"
     here = DataParallel()
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
     print(f"error: {prefix}{message}", file=sys.stderr)

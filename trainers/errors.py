@@ -25,6 +25,7 @@ __all__ = [
     "ModelConfigError",
     "NonFiniteLossError",
     "RunBusyError",
+    "RunInterrupted",
     "RunWriteError",
     "TaskConfigError",
     "USER_ERRORS",
@@ -69,6 +70,10 @@ class DamagedCheckpointError(CheckpointError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint holds pickled objects besides tensors and plain values; refused unloaded."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Training was interrupted (Ctrl-C, SIGINT); says what was kept (one line)."""
 
 
 class RunWriteError(RuntimeError):

@@ -79,8 +79,14 @@ class RunLogger:
         self._file.write(json.dumps({"step": step, **{k: _json_value(v) for k, v in scalars.items()}}) + "\n")
 
     def flush(self) -> None:
-        self._file.flush()
-        self.writer.flush()
+        """Flush both sinks; a failed write (a full disk) raises ``OSError`` naming the file."""
+        for sink, path in ((self._file, self.jsonl), (self.writer, self.writer.file_writer.get_logdir())):
+            try:
+                sink.flush()
+            except OSError as err:
+                if err.filename is None:
+                    raise OSError(err.errno, err.strerror, str(path)) from None
+                raise
 
     def log_hparams(self, step: int, hparams: dict, metrics: dict[str, float]) -> None:
         """This run's HParams session: its ``hparams`` values, a successful end, and ``metrics``

@@ -41,7 +41,8 @@ from trainers.checkpoint import write_text_atomic
 from trainers.config import TrainConfig
 from trainers.distributed import DataParallel, local_device
 from trainers.engine import GradientEngine, trainable_parameters
-from trainers.errors import USER_ERRORS, ConfigError, DistributedError, NonFiniteLossError, RunWriteError, spell
+from trainers.errors import (USER_ERRORS, ConfigError, DistributedError, NonFiniteLossError, RunInterrupted,
+                             RunWriteError, spell)
 from trainers.hparams import session_hparams, session_metrics
 from trainers.logger import RunLogger, read_metrics
 from trainers.optim import build_optimizer, build_scheduler
@@ -423,6 +424,9 @@ class Trainer:
                 logger.close(quiet=True)
             if isinstance(err, OSError):
                 raise RunWriteError(self._write_failure(err)) from None
+            if type(err) is KeyboardInterrupt:
+                raise RunInterrupted(f"interrupted at step {self.step}, {self._kept()}; {spell('resume')} "
+                                     f"continues the run") from None
             if isinstance(err, DistributedError) and self.saved_step is not None:
                 raise DistributedError(f"{err}; the last checkpoint is {self.files.checkpoint}") from None
             raise
@@ -440,9 +444,11 @@ class Trainer:
     def _write_failure(self, err: OSError) -> str:
         """One line: which path failed, why, at which step, and what the run directory keeps."""
         where = err.filename or self.run_dir
-        kept = (f"the last checkpoint (step {self.saved_step}) is kept at {self.files.checkpoint}"
+        return f"cannot write {where}: {err.strerror or err}; training stopped at step {self.step}, {self._kept()}"
+
+    def _kept(self) -> str:
+        return (f"the last checkpoint (step {self.saved_step}) is kept at {self.files.checkpoint}"
                 if self.saved_step is not None else "no checkpoint was written")
-        return f"cannot write {where}: {err.strerror or err}; training stopped at step {self.step}, {kept}"
 
     def _write_result(self, report: dict, logger) -> None:
         """Rank 0 of a run with a directory: the test record, the HParams session and ``result.json``."""
