@@ -138,12 +138,55 @@ def test_every_numeric_option_refuses_hostile_values_in_one_line(tmp_path, monke
     assert not {f: v for f, v in wrongly.items() if v}, wrongly
 
 
-def test_usage_errors_are_one_line_through_a_real_process(tmp_path):
-    proc = subprocess.run([*TRAIN, "--epoch", "1", "--logdir", str(tmp_path)], capture_output=True, text=True,
-                          env=ENV)
+def test_memory_estimate_counts_the_model_without_allocating_it_and_refuses_what_cannot_fit(monkeypatch):
+    import models
+    from trainers import memory
+
+    def build():
+        return models.build("mlp", in_features=64, out_features=10, depth=3, width=[300, 200])
+    sample = torch.zeros(1, 64)
+    estimate = memory.estimate_bytes(build, sample, batch_size=32, optimizer="adam", momentum=0.9,
+                                     dtype=torch.float32)
+    parameters = sum(p.numel() for p in build().parameters())
+    assert estimate["parameters"] == parameters == 64 * 300 + 300 + 300 * 200 + 200 + 200 * 10 + 10
+    # the layers' outputs (and activations) of one sample: 300 + 300 + 200 + 200 + 10 at least
+    assert estimate["activations_per_sample"] >= 1010
+    assert estimate["bytes"] == 4 * (parameters * (3 + 2) + 2 * 32 * estimate["activations_per_sample"])
+    sgd = memory.estimate_bytes(build, sample, batch_size=32, optimizer="sgd", momentum=0.0, dtype=torch.float64)
+    assert sgd["bytes"] == 8 * (parameters * 3 + 2 * 32 * sgd["activations_per_sample"])
+    monkeypatch.setattr(memory, "available_bytes", lambda device: estimate["bytes"] - 1)
+    with pytest.raises(ConfigError, match=f"needs at least 0.0 GiB \\({parameters:,} parameters"):
+        memory.check_fits(build, sample, batch_size=32, optimizer="adam", momentum=0.9, dtype=torch.float32,
+                          device=torch.device("cpu"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: estimate["bytes"])
+    memory.check_fits(build, sample, batch_size=32, optimizer="adam", momentum=0.9, dtype=torch.float32,
+                      device=torch.device("cpu"))
+
+
+REAL_PROCESS = {
+    "not finite": (["--lr", "nan"], "error: --lr must be a finite number, got nan"),
+    "no such device": (["--device", "tpu9"], "error: --device 'tpu9' is not a torch device (cpu, cuda, cuda:N, mps)"),
+    "usage": (["--epoch", "1"], "error: unrecognized arguments: --epoch 1 (see train.py --help)"),
+    "resume onto another optimizer": (["--optimizer", "sgd", "--resume"], "error: cannot resume {run} with "
+                                      "--optimizer sgd: it was trained with adam, and a resumed run keeps its "
+                                      "optimizer, seed, dtype, schedule; start a new run with another --run-name, "
+                                      "or --overwrite"),
+}
+
+
+@pytest.mark.parametrize("case", list(REAL_PROCESS))
+def test_failures_through_a_real_process(case, tmp_path):
+    flags, expected = REAL_PROCESS[case]
+    logdir = tmp_path / "runs"
+    if "--resume" in flags:
+        subprocess.run([*TRAIN, *TINY, "--steps", "2", "--logdir", str(logdir)], check=True, env=ENV,
+                       capture_output=True)
+    before = snapshot(tmp_path)
+    proc = subprocess.run([*TRAIN, *TINY, "--steps", "2", "--logdir", str(logdir), *flags], capture_output=True,
+                          text=True, env=ENV)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["error: unrecognized arguments: --epoch 1 (see train.py --help)"]
-    assert list(tmp_path.iterdir()) == []
+    assert proc.stderr.splitlines() == [expected.format(run=run_dir(logdir))]
+    assert snapshot(tmp_path) == before
 
 
 # ------------------------------------------------------------------------------ resume checks
@@ -331,18 +374,20 @@ class Payload:
 
 
 # ------------------------------------------------------------------------ OS failures
-def test_a_logdir_that_is_a_file_or_unwritable_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+def test_a_logdir_that_is_a_file_unwritable_or_read_only_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     code, err = run(capsys, *TINY, "--steps", "1", "--logdir", not_a_dir)
     assert one_error(code, err).startswith(f"error: {not_a_dir}") and "Not a directory" in err[0]
     assert not_a_dir.read_text() == "x"
 
-    def denied(self, *args, **kwargs):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-    monkeypatch.setattr(Path, "mkdir", denied)  # (tests run as root, which chmod does not stop)
-    code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "ro")
-    assert one_error(code, err) == f"error: {tmp_path / 'ro' / 'e' / 'backprop' / 'seed0'}: Permission denied"
+    for code_ in (errno.EACCES, errno.EROFS):
+        def refused(self, *args, **kwargs):
+            raise OSError(code_, os.strerror(code_), str(self))
+        monkeypatch.setattr(Path, "mkdir", refused)  # (tests may run as root, which chmod does not stop)
+        code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "ro")
+        assert one_error(code, err) == f"error: {tmp_path / 'ro' / 'e' / 'backprop' / 'seed0'}: {os.strerror(code_)}"
+    assert not (tmp_path / "ro").exists()
 
 
 @pytest.mark.parametrize("where", ["checkpoint", "metrics"])
@@ -450,3 +495,17 @@ def test_overwrite_removes_the_earlier_runs_files(finished, capsys):
     assert len(list(rdir.glob("events.out.tfevents.*"))) == 1  # the old run's events are gone
     assert max(r["step"] for r in read_metrics(rdir)) == 4
     assert checkpoint.load_checkpoint(rdir / "checkpoint.prev.pt")["step"] == 2  # both checkpoints are this run's
+
+
+def test_a_checkpoint_of_the_earlier_format_still_resumes(finished, capsys):
+    """Checkpoints once held NumPy's RNG state as an array: the safe loader accepts plain arrays."""
+    import numpy as np
+
+    rdir = run_dir(finished)
+    (rdir / "result.json").unlink()
+    state = checkpoint.load_checkpoint(rdir / "checkpoint.pt")
+    name, key, pos, has_gauss, gauss = state["rng"]["numpy"]
+    state["rng"]["numpy"] = (name, key.numpy().astype(np.uint32), pos, has_gauss, gauss)
+    torch.save(state, rdir / "checkpoint.pt")
+    assert isinstance(checkpoint.load_checkpoint(rdir / "checkpoint.pt")["rng"]["numpy"][1], np.ndarray)
+    run_cli_ok(capsys, finished, "--steps", "10", "--resume")

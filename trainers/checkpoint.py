@@ -7,7 +7,8 @@ serialized in memory first, so a failing disk raises a plain ``OSError`` with
 its errno instead of an error from inside torch's zip writer.
 
 Checkpoints are loaded with ``torch.load(weights_only=True)``: tensors,
-numbers, strings, lists, tuples and dicts only. A checkpoint that holds
+numbers, strings, lists, tuples and dicts only (and plain NumPy arrays, which
+older checkpoints used for NumPy's RNG state). A checkpoint that holds
 anything else (a pickled object whose loading could run code) is refused
 without being executed (``UnsafeCheckpointError``); a truncated or garbled
 one raises ``DamagedCheckpointError``.
@@ -19,6 +20,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from trainers.errors import DamagedCheckpointError, UnsafeCheckpointError
@@ -93,6 +95,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text.encode()))
 
 
+# NumPy's RNG key as an array, as checkpoints held it before RNG states became tensors: plain
+# uint32 arrays (an object array would still need its objects' classes, which stay forbidden)
+NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
 _FORBIDDEN = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
 
 
@@ -103,7 +109,8 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     values (nothing of it is executed), ``DamagedCheckpointError`` if it cannot be read.
     """
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, UnpicklingError, ... on bad bytes
