@@ -509,3 +509,38 @@ def test_a_checkpoint_of_the_earlier_format_still_resumes(finished, capsys):
     torch.save(state, rdir / "checkpoint.pt")
     assert isinstance(checkpoint.load_checkpoint(rdir / "checkpoint.pt")["rng"]["numpy"][1], np.ndarray)
     run_cli_ok(capsys, finished, "--steps", "10", "--resume")
+
+
+def test_a_full_disk_inside_torch_save_is_the_disk_error_and_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    """torch.save reports a failed write as its own RuntimeError ("unexpected pos"); save_atomic raises the
+    disk's OSError, naming the checkpoint, removes its temporary file and keeps the previous files."""
+    path, previous = tmp_path / "checkpoint.pt", tmp_path / "checkpoint.prev.pt"
+    checkpoint.save_atomic({"step": 1}, path, previous=previous)
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 512:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: FullDisk(real_fdopen(fd, mode)))
+    with pytest.raises(OSError) as err:
+        checkpoint.save_atomic({"step": 2, "weights": torch.zeros(10_000)}, path, previous=previous)
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(path))
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert checkpoint.load_checkpoint(path) == {"step": 1}

@@ -2,9 +2,10 @@
 
 Every file a run writes goes through ``write_atomic``: a temporary file in the
 same directory, fsync, then rename, so a crash (or a full disk) leaves the
-previous version intact and a reader never sees half a file. Checkpoints are
-serialized in memory first, so a failing disk raises a plain ``OSError`` with
-its errno instead of an error from inside torch's zip writer.
+previous version intact and a reader never sees half a file. A write that
+fails raises the ``OSError`` of the disk (with its errno and the file's name),
+also from inside ``torch.save``, whose zip writer reports it as its own
+``RuntimeError``.
 
 Checkpoints are loaded with ``torch.load(weights_only=True)``: tensors,
 numbers, strings, lists, tuples and dicts only (and plain NumPy arrays, which
@@ -14,7 +15,6 @@ without being executed (``UnsafeCheckpointError``); a truncated or garbled
 one raises ``DamagedCheckpointError``.
 """
 
-import io
 import os
 import re
 import tempfile
@@ -53,7 +53,13 @@ def write_atomic(path: str | os.PathLike, write, *, previous: str | os.PathLike 
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            recording = _RecordingFile(f)
+            try:
+                write(recording)
+            except Exception:
+                if recording.error is not None:
+                    raise recording.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         if previous is not None and path.exists():
@@ -68,6 +74,24 @@ def write_atomic(path: str | os.PathLike, write, *, previous: str | os.PathLike 
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+class _RecordingFile:
+    """The file handed to a writer: keeps the ``OSError`` a write raised, for ``write_atomic`` to re-raise
+    when the writer (``torch.save``) turns it into an error of its own."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data):
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
 
 
 def _keep_as(path: Path, previous: Path) -> None:
@@ -85,9 +109,7 @@ def _keep_as(path: Path, previous: Path) -> None:
 
 def save_atomic(state: dict, path: str | os.PathLike, *, previous: str | os.PathLike | None = None) -> Path:
     """``torch.save(state)`` to ``path`` atomically (``write_atomic``; ``previous`` keeps the old file)."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return write_atomic(path, lambda f: f.write(buffer.getbuffer()), previous=previous)
+    return write_atomic(path, lambda f: torch.save(state, f), previous=previous)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
