@@ -544,3 +544,26 @@ def test_a_full_disk_inside_torch_save_is_the_disk_error_and_leaves_the_old_chec
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
     assert checkpoint.load_checkpoint(path) == {"step": 1}
+
+
+def test_a_changed_learning_rate_follows_the_schedule_from_the_resumed_step(tmp_path):
+    """Cosine schedule: after a resume with a new peak rate, the rate is the new peak times the schedule's
+    factor at the same step (the schedule's position comes from the checkpoint)."""
+    import models
+    from trainers.optim import WarmupCosine
+
+    task = trainers_task()
+
+    def make(lr):
+        torch.manual_seed(0)
+        model = models.build("mlp", in_features=task.in_features, out_features=task.num_outputs, depth=2, width=8)
+        return trainers.Trainer(model, trainers.build_engine("backprop"), task, logdir=tmp_path, batch_size=32,
+                                progress=False, lr=lr, schedule="cosine", warmup_steps=2, checkpoint_every=3,
+                                log_every=1)
+    make(0.01).fit(steps=6)
+    (tmp_path / "default" / "backprop" / "seed0" / "result.json").unlink()
+    resumed = make(0.5)
+    resumed.fit(steps=10, resume=True, allow_changes=["lr"])
+    factor = WarmupCosine(2, 10)
+    logged = {r["step"]: r["train/lr"] for r in resumed.history}
+    assert logged == pytest.approx({s: 0.5 * factor(s - 1) for s in range(7, 11)}, rel=1e-12)

@@ -6,7 +6,7 @@ import torch
 
 from trainers.config import TrainConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "WarmupCosine", "StepDecay"]
+__all__ = ["build_optimizer", "build_scheduler", "restore_optimizer", "WarmupCosine", "StepDecay"]
 
 
 def build_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -51,3 +51,20 @@ def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
     else:
         return None
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def restore_optimizer(optimizer, scheduler, optimizer_state: dict, scheduler_state: dict | None) -> None:
+    """Load a checkpoint's optimizer state (moments, step counts) and scheduler position, keeping the
+    hyperparameters ``optimizer`` and ``scheduler`` were built with (learning rate, momentum, weight decay,
+    schedule), so a resume may change them; with unchanged ones the rates equal the checkpoint's exactly."""
+    mine = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(optimizer_state)
+    for group, options in zip(optimizer.param_groups, mine):
+        group.update(options)
+    if scheduler is None:
+        return
+    scheduler.load_state_dict({**scheduler_state, "lr_lambdas": [None] * len(scheduler.lr_lambdas),
+                               "base_lrs": list(scheduler.base_lrs)})
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)  # LambdaLR's own rule
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

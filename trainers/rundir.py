@@ -109,9 +109,34 @@ class RunDirectory:
             events.unlink()
 
     def result(self) -> dict | None:
-        """The finished run's ``result.json`` (None if it has not finished)."""
-        path = self.path / RESULT
-        return json.loads(path.read_text()) if path.exists() else None
+        """The finished run's ``result.json`` (None if it has not finished, or the file is unreadable)."""
+        try:
+            return json.loads((self.path / RESULT).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def open(self, *, resume: bool, overwrite: bool, total: int, identity: dict, config: dict, shapes: dict,
+             allow_changes=()):
+        """Take the lock and decide how the run of ``total`` steps starts (``check_resume`` has the arguments):
+        ``("fresh", None)`` (earlier files cleared), ``("resume", (checkpoint, changes))``, or ``("done", report)``
+        for a finished run resumed with no more steps. Raises why it may not start."""
+        self.acquire()
+        if resume:
+            state = self.load()
+            if state is not None:
+                changes = check_resume(self.path, state, identity, config, allow_changes, shapes)
+                finished = self.result()
+                if finished is not None and state["step"] >= total:
+                    note(f"{self.path} finished at step {finished['steps']}; nothing to do (its results are unchanged)")
+                    return "done", {k: finished[k] for k in ("steps", "best_step", "best_val", "final_val", "test")}
+                return "resume", (state, changes)
+            if self.holds_run():
+                note(f"{self.path} has no checkpoint yet (the run stopped before its first one); starting it afresh")
+        elif self.holds_run() and not overwrite:
+            raise ConfigError(f"{self.path} already holds a run; {spell('resume')} continues it, "
+                              f"{spell('overwrite')} replaces it")
+        self.clear()
+        return "fresh", None
 
     def save(self, state: dict) -> Path:
         """Write ``state`` as the newest checkpoint; the one it replaces becomes the previous

@@ -45,12 +45,12 @@ from trainers.errors import (USER_ERRORS, ConfigError, DistributedError, NonFini
                              RunWriteError, spell)
 from trainers.hparams import session_hparams, session_metrics
 from trainers.logger import RunLogger, read_metrics
-from trainers.optim import build_optimizer, build_scheduler
+from trainers.optim import build_optimizer, build_scheduler, restore_optimizer
 from trainers.options import as_dict, parse_options
 from trainers.progress import Progress
 from trainers.recipes import SHARED_SETTINGS
 from trainers.rng import rng_state, seed_everything, set_rng_state
-from trainers.rundir import RunDirectory, check_resume, note, run_path
+from trainers.rundir import RunDirectory, note, run_path
 
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
 
@@ -269,19 +269,7 @@ class Trainer:
                 f"pass --batch-size {batch // self.parallel.world_size} to continue it"
                 + ("" if batch % self.parallel.world_size == 0 else " on a number of ranks that divides it"))
         self.model.load_state_dict(state["model"])
-        # the optimizer's state (moments) from the checkpoint, its hyperparameters from this run's options
-        options = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, mine in zip(self.optimizer.param_groups, options):
-            group.update(mine)
-        if self.scheduler:  # position from the checkpoint; rates from this run's lr and schedule options
-            n = len(self.scheduler.lr_lambdas)
-            self.scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * n,
-                                            "base_lrs": list(self.scheduler.base_lrs)})
-            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
-                                           self.scheduler.lr_lambdas):
-                group["lr"] = base * factor(self.scheduler.last_epoch)
-            self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        restore_optimizer(self.optimizer, self.scheduler, state["optimizer"], state["scheduler"])
         self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
         self.step, self.best, self.saved_step = state["step"], state["best"], state["step"]
@@ -322,33 +310,13 @@ class Trainer:
                 self.files.release()
 
     def _open_run(self, resume: bool, total: int, allow_changes):
-        """Rank 0: lock the run directory, then ``("fresh", None)``, ``("resume", (checkpoint, changes))``
-        or ``("done", report)`` (a finished run resumed with no more steps); the error if neither may start."""
+        """Rank 0: ``RunDirectory.open``'s verdict, or the error that stops the run before it starts."""
         if self.files is None:
             return "fresh", None
-        files = self.files
         try:
-            files.acquire()
-            if resume:
-                state = files.load()
-                if state is not None:
-                    shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
-                    changes = check_resume(files.path, state, self.identity(), as_dict(self.cfg), allow_changes,
-                                           shapes)
-                    finished = files.result()
-                    if finished is not None and state["step"] >= total:
-                        note(f"{files.path} finished at step {finished['steps']}; nothing to do (its results "
-                             f"are unchanged)")
-                        return "done", {k: finished[k] for k in ("steps", "best_step", "best_val", "final_val", "test")}
-                    return "resume", (state, changes)
-                if files.holds_run():
-                    note(f"{files.path} has no checkpoint yet (the run stopped before its first one); "
-                         f"starting it afresh")
-            elif files.holds_run() and not self.overwrite:
-                raise ConfigError(f"{files.path} already holds a run; {spell('resume')} continues it, "
-                                  f"{spell('overwrite')} replaces it")
-            files.clear()
-            return "fresh", None
+            return self.files.open(resume=resume, overwrite=self.overwrite, total=total, identity=self.identity(),
+                                   config=as_dict(self.cfg), allow_changes=allow_changes,
+                                   shapes={k: tuple(v.shape) for k, v in self.model.state_dict().items()})
         except (*USER_ERRORS, OSError) as err:
             return err
 
