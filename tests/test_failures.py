@@ -567,3 +567,41 @@ def test_a_changed_learning_rate_follows_the_schedule_from_the_resumed_step(tmp_
     factor = WarmupCosine(2, 10)
     logged = {r["step"]: r["train/lr"] for r in resumed.history}
     assert logged == pytest.approx({s: 0.5 * factor(s - 1) for s in range(7, 11)}, rel=1e-12)
+
+
+@pytest.mark.parametrize("main, flags, expected", [
+    ("compare", ["--trainers", ""], "--trainers must list each trainer once, got ''"),
+    ("compare", ["--trainers", "backprop,backprop"], "--trainers must list each trainer once"),
+    ("compare", ["--seeds", "0,0"], "--seeds lists a value twice: '0,0'"),
+    ("compare", ["--seeds", "1,x"], "--seeds expects a comma list of integers, got '1,x'"),
+    ("bench", ["--depths", "abc"], "--depths expects a comma list of integers, got 'abc'"),
+    ("bench", ["--lengths", "-5"], "--lengths values must be >= 1, got '-5'"),
+    ("bench", ["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    ("bench", ["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    ("bench", ["--device", "tpu9"], "--device 'tpu9' is not a torch device"),
+    ("train", ["--task-option", "n_train=10000000000"], "out of memory (an allocation of"),
+])
+def test_compare_and_bench_flags_are_checked_before_any_work(main, flags, expected, tmp_path, capsys):
+    from trainers.cli import bench_main, compare_main
+    entry = {"compare": compare_main, "bench": bench_main, "train": train_main}[main]
+    common = {"compare": [*TINY, "--steps", "1", "--logdir", str(tmp_path / "runs")],
+              "bench": ["--out", str(tmp_path / "bench")], "train": [*TINY, "--logdir", str(tmp_path / "runs")]}[main]
+    code = entry([*common, *flags])
+    err = capsys.readouterr().err.splitlines()
+    assert expected in one_error(code, err)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "bench").exists()
+
+
+def test_memory_running_out_during_training_is_one_line_exit_1(tmp_path, capsys, monkeypatch):
+    real = trainer_module.Trainer._train_step
+
+    def allocation_fails_at_3(self, x, y):
+        if self.step == 3:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 3221225472 bytes. Error code 12")
+        return real(self, x, y)
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", allocation_fails_at_3)
+    code, err = run(capsys, *TINY, "--steps", "8", "--checkpoint-every", "2", "--logdir", tmp_path)
+    assert one_error(code, err, expected_code=1) == (
+        f"error: out of memory (an allocation of 3.0 GiB failed) at step 3, the last checkpoint (step 2) is kept at "
+        f"{run_dir(tmp_path) / 'checkpoint.pt'}; lower --batch-size or the model's size")

@@ -26,8 +26,9 @@ import tasks
 from trainers.compare import compatible, run_comparison
 from trainers.config import TrainConfig
 from trainers.distributed import BACKENDS, DataParallel, init_distributed, local_device
-from trainers.errors import (USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError, RunWriteError,
-                             command_line)
+from trainers.config import check_device
+from trainers.errors import (USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError, RunOutOfMemory,
+                             RunWriteError, command_line, out_of_memory)
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 from trainers.hparams import write_experiment_config
@@ -228,7 +229,8 @@ def run_cli(main) -> int:
 
     Exit 2: user errors and OS errors before training started (``--logdir`` not
     writable, a file, a full disk); exit 1: a NaN loss, a lost rank, or a write that
-    failed during training (``RunWriteError`` says what was kept); exit 130: Ctrl-C. Under torchrun every
+    failed during training (``RunWriteError`` says what was kept), memory that ran out during
+    training; exit 130: Ctrl-C. Under torchrun every
     rank prints its own error (prefixed with its rank); the scripts end with
     ``trainers.distributed.exit_process``, which closes the group.
     """
@@ -237,12 +239,16 @@ def run_cli(main) -> int:
             return main() or 0
     except USER_ERRORS as err:
         code, message = 2, str(err)
-    except (NonFiniteLossError, DistributedError, RunWriteError) as err:
+    except (NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory) as err:
         code, message = 1, str(err)
     except OSError as err:
         code, message = 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
     except KeyboardInterrupt as err:
         code, message = INTERRUPTED, str(err) or "interrupted"
+    except (MemoryError, RuntimeError) as err:  # a failed allocation before training: the sizes asked for
+        if not out_of_memory(err):
+            raise
+        code, message = 2, f"{out_of_memory(err)}; lower the sizes asked for (batch, model, --task-option)"
     here = DataParallel()
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
     print(f"error: {prefix}{message}", file=sys.stderr)
@@ -290,7 +296,7 @@ def check_run_flags(args) -> None:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1 (the run must have at least one step), got {args.steps}")
     check_seed(args.split_seed, "--split-seed")
-    for seed in _int_list(getattr(args, "seeds", None) or ""):
+    for seed in _int_list(getattr(args, "seeds", None) or "", "--seeds", unique=True):
         check_seed(seed, "--seeds")
     if getattr(args, "tune_seed", None) is not None:
         check_seed(args.tune_seed, "--tune-seed")
@@ -304,11 +310,17 @@ def add_settings_flag(parser, default: str) -> None:
                              f"trainer. Flags you give override both (default: {default})")
 
 
-def _int_list(text: str) -> list[int]:
+def _int_list(text: str, flag: str, minimum: int | None = None, unique: bool = False) -> list[int]:
+    """``"8,32"`` -> [8, 32]; ``flag`` names the option in errors."""
     try:
-        return [int(p) for p in text.split(",") if p.strip()]
+        values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise ConfigError(f"expected a comma list of integers, got {text!r}") from None
+        raise ConfigError(f"{flag} expects a comma list of integers, got {text!r}") from None
+    if minimum is not None and any(v < minimum for v in values):
+        raise ConfigError(f"{flag} values must be >= {minimum}, got {text!r}")
+    if unique and len(set(values)) < len(values):
+        raise ConfigError(f"{flag} lists a value twice: {text!r}")
+    return values
 
 
 def _trainer_specs(text: str) -> list[str]:
@@ -350,7 +362,7 @@ def compare_main(argv=None) -> int:
     def main():
         check_run_flags(args)
         here = join_job(args)
-        seeds = _int_list(args.seeds)
+        seeds = _int_list(args.seeds, "--seeds")
         if not seeds:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
@@ -358,6 +370,8 @@ def compare_main(argv=None) -> int:
             names = [t for t in available() if compatible(t, probe)]
         else:
             names = [t.strip() for t in args.trainers.split(",") if t.strip()]
+            if not names or len(set(names)) < len(names):
+                raise ConfigError(f"--trainers must list each trainer once, got {args.trainers!r}")
         experiment = args.experiment or f"compare-{args.task}"
         if args.run_name is not None and len(names) != 1:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
@@ -432,6 +446,15 @@ def bench_main(argv=None) -> int:
     def main():
         if args.steps < 20:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
+        sizes = {flag: _int_list(getattr(args, flag), "--" + flag.replace("_", "-"), minimum=1)
+                 for flag in ("depths", "widths", "lengths", "recurrent_depths")}
+        for flag in ("batch_size", "residual_depth", "hidden", "recurrent_batch_size", "vocab", "rounds",
+                     "orthogonal_iters", "warmup"):
+            if getattr(args, flag) < (0 if flag == "warmup" else 1):
+                raise ConfigError(f"--{flag.replace('_', '-')} must be >= {0 if flag == 'warmup' else 1}, "
+                                  f"got {getattr(args, flag)}")
+        check_device(args.device)
+        Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the timing
         engine_names = _trainer_specs(args.trainers) if args.trainers else _mlp_trainers()
         recurrent_names = _trainer_specs(args.trainers or "backprop;ftbptt;dsf;bptt_loop")
         residual_names = _trainer_specs(args.trainers or ";".join(
@@ -448,23 +471,23 @@ def bench_main(argv=None) -> int:
                                                  batch_size=batch, n_train=8 * batch, steps=args.steps,
                                                  warmup=args.warmup, rounds=args.rounds, device=device))
         if args.suite in ("engines", "all"):
-            rows += bench.bench_engines(trainers=engine_names, depths=_int_list(args.depths),
-                                        widths=_int_list(args.widths), batch_size=args.batch_size, steps=args.steps,
+            rows += bench.bench_engines(trainers=engine_names, depths=sizes["depths"],
+                                        widths=sizes["widths"], batch_size=args.batch_size, steps=args.steps,
                                         warmup=args.warmup, device=device,
                                         orthogonal=None if args.orthogonal == "none" else args.orthogonal,
                                         orthogonal_iters=args.orthogonal_iters)
         if args.suite in ("recurrent", "all"):
             rows += bench.bench_recurrent(trainers=recurrent_names, cell=args.cell,
-                                          depths=_int_list(args.recurrent_depths), hidden=args.hidden,
-                                          lengths=_int_list(args.lengths), batch_size=args.recurrent_batch_size,
+                                          depths=sizes["recurrent_depths"], hidden=args.hidden,
+                                          lengths=sizes["lengths"], batch_size=args.recurrent_batch_size,
                                           vocab=args.vocab, steps=args.steps, warmup=args.warmup, device=device)
         if args.suite in ("residual", "all"):
-            for width in _int_list(args.widths):
+            for width in sizes["widths"]:
                 rows += bench.bench_residual(trainers=residual_names, depth=args.residual_depth, width=width,
                                              batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                                              device=device)
         if args.suite in ("scan", "all"):
-            rows += bench.bench_scan(lengths=_int_list(args.lengths), batch_size=args.recurrent_batch_size,
+            rows += bench.bench_scan(lengths=sizes["lengths"], batch_size=args.recurrent_batch_size,
                                      width=args.hidden, repeats=max(3, args.steps // 10), device=device)
         command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
         print(bench.write_results(rows, args.out, bench.machine_description(device), command.strip()))

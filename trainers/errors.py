@@ -10,7 +10,10 @@ from Python.
 """
 
 import contextvars
+import re
 from contextlib import contextmanager
+
+import torch
 
 from models.errors import ModelConfigError
 from tasks.errors import DataError, TaskConfigError
@@ -26,12 +29,14 @@ __all__ = [
     "NonFiniteLossError",
     "RunBusyError",
     "RunInterrupted",
+    "RunOutOfMemory",
     "RunWriteError",
     "TaskConfigError",
     "USER_ERRORS",
     "UnsafeCheckpointError",
     "command_line",
     "on_command_line",
+    "out_of_memory",
     "spell",
 ]
 
@@ -76,6 +81,10 @@ class RunInterrupted(KeyboardInterrupt):
     """Training was interrupted (Ctrl-C, SIGINT); says what was kept (one line)."""
 
 
+class RunOutOfMemory(RuntimeError):
+    """Memory ran out during training; says at which step and what was kept (one line)."""
+
+
 class RunWriteError(RuntimeError):
     """Writing the run failed during training (disk full, permissions); says what was kept (one line)."""
 
@@ -90,6 +99,21 @@ _PYTHON_SPELLING = {
     "overwrite": "Trainer(..., overwrite=True)",
     "run_name": "Trainer(..., run_name=...)",
 }
+
+
+def out_of_memory(err: BaseException) -> str | None:
+    """``"out of memory (...)"`` if ``err`` is a failed allocation (CPU or GPU), else None."""
+    text = str(err)
+    if isinstance(err, RuntimeError) and "can't allocate memory" not in text and \
+            not isinstance(err, torch.OutOfMemoryError):
+        return None
+    if not isinstance(err, (MemoryError, RuntimeError)):
+        return None
+    tried = re.search(r"(?:tried to allocate|allocate) (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)", text)
+    if tried is None:
+        return "out of memory"
+    size = float(tried.group(1)) * {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[tried.group(2)]
+    return f"out of memory (an allocation of {size / 2**30:.1f} GiB failed)"
 
 
 def on_command_line() -> bool:

@@ -42,7 +42,7 @@ from trainers.config import TrainConfig
 from trainers.distributed import DataParallel, local_device
 from trainers.engine import GradientEngine, trainable_parameters
 from trainers.errors import (USER_ERRORS, ConfigError, DistributedError, NonFiniteLossError, RunInterrupted,
-                             RunWriteError, spell)
+                             RunOutOfMemory, RunWriteError, out_of_memory, spell)
 from trainers.hparams import session_hparams, session_metrics
 from trainers.logger import RunLogger, read_metrics
 from trainers.optim import build_optimizer, build_scheduler, restore_optimizer
@@ -392,6 +392,9 @@ class Trainer:
                 logger.close(quiet=True)
             if isinstance(err, OSError):
                 raise RunWriteError(self._write_failure(err)) from None
+            if out_of_memory(err):
+                raise RunOutOfMemory(f"{out_of_memory(err)} at step {self.step}, {self._kept()}; lower "
+                                     f"{spell('batch_size')} or the model's size") from None
             if type(err) is KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted at step {self.step}, {self._kept()}; {spell('resume')} "
                                      f"continues the run") from None
