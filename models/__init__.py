@@ -5,14 +5,14 @@
 """
 
 from models import orthogonal
+from models.cnn import OrthoConvNet, OrthoLeNet
 from models.dropout import ConsistentDropout, frozen_masks
 from models.errors import ModelConfigError
-from models.cnn import OrthoConvNet, OrthoLeNet
+from models.language_model import RecurrentBlockLM, RecurrentLM
 from models.mlp import MLP
+from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
 from models.registry import available, build, register_model
 from models.residual_mlp import ResidualMLP
-from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
-from models.language_model import RecurrentBlockLM, RecurrentLM
 from models.resnet import ResNet
 from models.transformer import GPT
 

@@ -94,7 +94,7 @@ class _OrthoStack(nn.Module):
         self.act = build_activation(activation)
         self.dropouts = nn.ModuleList(ConsistentDropout(dropout) for _ in self.layers[:-1])
         widths = self.widths
-        if any(b > a for a, b in zip(widths[:-2], widths[1:-1])):  # hidden layers only
+        if any(b > a for a, b in zip(widths[:-2], widths[1:-1], strict=True)):  # hidden layers only
             raise ModelConfigError(f"hidden widths must be non-increasing, got {widths[:-1]}")
 
     @property
@@ -113,7 +113,7 @@ class _OrthoStack(nn.Module):
 
     def forward(self, x):
         h = self.input_features(x)  # (B, C, H, W)
-        for layer, dropout in zip(self.layers[:-1], self.dropouts):
+        for layer, dropout in zip(self.layers[:-1], self.dropouts, strict=True):
             h = self.act(dropout(layer(h)))  # (B, *shape_l)
         return self.layers[-1](h)  # (B, d_L)
 
@@ -178,7 +178,7 @@ class OrthoLeNet(_OrthoStack):
             previous = w
         layers.append(FlattenLinear(shape, widths[0], bias=bias, orthogonal=orthogonal,
                                     orthogonal_iters=orthogonal_iters))
-        for w_in, w_out in zip(widths[:-1], widths[1:]):
+        for w_in, w_out in zip(widths[:-1], widths[1:], strict=True):
             layers.append(FlattenLinear(w_in, w_out, bias=bias, orthogonal=orthogonal,
                                         orthogonal_iters=orthogonal_iters))
         layers.append(FlattenLinear(widths[-1], out_features, bias=bias,

@@ -40,7 +40,6 @@ Engines: ``recurrent_layers`` is the ``nn.ModuleList`` of the recurrent layers
 
 import math
 
-import torch
 import torch.nn as nn
 
 from models.errors import ModelConfigError, positive_int
@@ -171,14 +170,14 @@ class RecurrentBlockLM(_SequenceModel):
     def _init_weights(self):
         super()._init_weights()
         scaled = 0.02 / math.sqrt(2 * self.depth)  # GPT-2 style: last Linear of each residual branch
-        for proj, mlp in zip(self.rnn_projs, self.mlps):
+        for proj, mlp in zip(self.rnn_projs, self.mlps, strict=True):
             nn.init.normal_(proj.weight, std=scaled)
             nn.init.normal_(mlp[-1].weight, std=scaled)
 
     def forward(self, x):
         x = self.input_features(x)  # (B, T, d)
         for rnn, norm1, proj, norm2, mlp in zip(self.recurrent_layers, self.rnn_norms, self.rnn_projs,
-                                                self.mlp_norms, self.mlps):
+                                                self.mlp_norms, self.mlps, strict=True):
             x = x + self.drop(proj(rnn(norm1(x))))
             x = x + self.drop(mlp(norm2(x)))
         return self.readout(self.final_norm(x))

@@ -64,7 +64,7 @@ class MLP(nn.Module):
                 raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
         dims = [in_features, *hidden_widths(depth, width), out_features]
         self.layers = nn.ModuleList(
-            nn.Linear(d_in, d_out, bias=bias) for d_in, d_out in zip(dims[:-1], dims[1:])
+            nn.Linear(d_in, d_out, bias=bias) for d_in, d_out in zip(dims[:-1], dims[1:], strict=True)
         )
         self.act = build_activation(activation)
         self.dropouts = nn.ModuleList(ConsistentDropout(dropout) for _ in self.layers[:-1])
@@ -84,6 +84,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         h = self.input_features(x)  # (B, d_0)
-        for layer, dropout in zip(self.layers[:-1], self.dropouts):
+        for layer, dropout in zip(self.layers[:-1], self.dropouts, strict=True):
             h = self.act(dropout(layer(h)))  # (B, d_l)
         return self.layers[-1](h)  # (B, d_L)

@@ -302,7 +302,7 @@ def project_weights_(entries: list[tuple[Tensor, Projection]]) -> None:
         if len(weights) == 1:
             weights[0].copy_(P)
         else:
-            for w, p in zip(weights, P.unbind(0)):
+            for w, p in zip(weights, P.unbind(0), strict=True):
                 w.copy_(p)
 
 

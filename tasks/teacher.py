@@ -63,7 +63,7 @@ def build_teacher(
         )
 
     bounds = [0, n_train, n_train + n_val, n]
-    splits = [Split(x[a:b].clone(), y[a:b].clone()) for a, b in zip(bounds[:-1], bounds[1:])]
+    splits = [Split(x[a:b].clone(), y[a:b].clone()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return Task(
         name=name,
         train=splits[0],

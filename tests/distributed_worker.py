@@ -24,7 +24,7 @@ assert here.shard(rows).tolist() == list(range(here.rank, 7, 2))
 # gradients: the sample-weighted mean, sum_r n_r g_r / sum_r n_r, and the global mean loss
 counts, losses = [4, 3], [1.5, 0.25]
 grads = [[torch.full_like(p, float(r + 1)) * (i + 1) for i, p in enumerate(params)] for r in range(2)]
-for p, g in zip(params, grads[here.rank]):
+for p, g in zip(params, grads[here.rank], strict=True):
     p.grad = g.clone()
 loss, total = here.average_gradients(params, counts[here.rank], losses[here.rank])
 assert total == 7 and abs(loss - (4 * 1.5 + 3 * 0.25) / 7) < 1e-15, (loss, total)
@@ -46,7 +46,7 @@ if here.rank == 1:
 here.broadcast_module(model)
 torch.manual_seed(0)
 reference = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
-assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True))
 
 # BatchNorm running statistics: the mean over ranks
 bn = model[1]
@@ -104,7 +104,7 @@ with torch.no_grad():
 reference = copy.deepcopy(ortho)
 project_(reference)
 here.project_(ortho)
-for a, b in zip(ortho.parameters(), reference.parameters()):
+for a, b in zip(ortho.parameters(), reference.parameters(), strict=True):
     torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
 here.check_in_sync(ortho)
 
@@ -129,9 +129,9 @@ def stop(e, c, tol=0.1, k=5):
 
 
 scale = torch.cat([torch.full((n, 1), n / sum(sizes), dtype=torch.float64) for n in sizes])
-c_all = torch.cat([torch.full((n, 1), d, dtype=torch.float64) for n, d in zip(sizes, decay)])
+c_all = torch.cat([torch.full((n, 1), d, dtype=torch.float64) for n, d in zip(sizes, decay, strict=True)])
 together = stop(torch.cat(e_all, dim=1) * scale, c_all)
-alone = [stop(e, torch.tensor(d, dtype=torch.float64)) for e, d in zip(e_all, decay)]
+alone = [stop(e, torch.tensor(d, dtype=torch.float64)) for e, d in zip(e_all, decay, strict=True)]
 assert together != alone[0] or together != alone[1], (together, alone)  # the check below can fail
 _, used, _ = highway_iterations(e_all[here.rank], carry, back_for(torch.tensor(decay[here.rank], dtype=torch.float64)),
                                 k=5, tol=0.1, samples=sizes[here.rank])

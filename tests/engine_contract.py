@@ -94,7 +94,7 @@ class EngineContract:
             torch.manual_seed(3)
             self.engine().compute_grads(model, x, y, cross_entropy_loss)
             grads.append([p.grad.clone() for _, p in trainers.trainable_parameters(model)])
-        for a, b in zip(*grads):
+        for a, b in zip(*grads, strict=True):
             assert torch.equal(a, b)
 
     @pytest.mark.parametrize("index", [0, 1])

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from engine_contract import EngineContract, toy_batch
 
 import models
 import trainers
-from engine_contract import EngineContract, toy_batch
 from tasks.base import cross_entropy_loss
-from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.engine import GradientEngine, trainable_parameters, write_grads
 from trainers.engines.backprop import Backprop
 
 

@@ -13,8 +13,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 import trainers
 from trainers.cli import compare_main, train_main
 from trainers.compare import collect_results, pivot_cells, pivot_table
-from trainers.plots import plot_runs
 from trainers.engine import GradientEngine
+from trainers.plots import plot_runs
 from trainers.protocols import LayerStack, require
 from trainers.registry import _ENGINES
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import ROOT
+
 from trainers.cli import compare_main, train_main
 from trainers.distributed import DataParallel, _buckets
 

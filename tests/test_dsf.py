@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from engine_contract import EngineContract
 
 import models
 import tasks
 import trainers
-from engine_contract import EngineContract
 from tasks.base import sequence_cross_entropy
 from trainers.cli import train_main
 from trainers.engine import trainable_parameters
@@ -344,7 +344,7 @@ def test_trainer_trains_a_tiny_ptb_char_model(spec, tmp_path):
     report = trainer.fit(steps=12)
     assert report["steps"] == 12 and math.isfinite(report["test"]["perplexity"])
     assert report["best_val"]["perplexity"] < task.num_outputs  # learned something: better than uniform
-    assert all(p is q for p, q in zip(model.parameters(), trainer.model.parameters()))
+    assert all(p is q for p, q in zip(model.parameters(), trainer.model.parameters(), strict=True))
 
 
 
@@ -368,5 +368,5 @@ def test_resume_restores_the_gate_feedback_state(tmp_path):
     resumed.fit(steps=8, resume=True)
     assert resumed.engine.steps == 8
     torch.testing.assert_close(resumed.engine.a[1], whole.engine.a[1], rtol=0, atol=0)
-    for pa, pb in zip(whole.model.parameters(), resumed.model.parameters()):
+    for pa, pb in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(pa, pb)

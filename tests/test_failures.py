@@ -7,14 +7,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import trainers
-from trainers import checkpoint, trainer as trainer_module
+from trainers import checkpoint
+from trainers import trainer as trainer_module
 from trainers.cli import base_parser, train_main
 from trainers.errors import ConfigError, DataError, RunBusyError
 from trainers.logger import read_metrics
@@ -466,7 +466,7 @@ def test_two_processes_started_together_on_one_run_directory(resume, tmp_path):
     assert codes == [0, 2], results
     refused = next(err for code, err in results if code == 2).splitlines()
     assert len(refused) == 1 and "is being written by another process (pid " in refused[0]
-    winner = next(p for p, (code, _) in zip(procs, results) if code == 0)
+    winner = next(p for p, (code, _) in zip(procs, results, strict=True) if code == 0)
     assert f"(pid {winner.pid})" in refused[0]
     steps = [r["step"] for r in read_metrics(run_dir(tmp_path)) if "train/loss" in r]
     assert steps == list(range(1, 1501))

@@ -3,11 +3,11 @@ that exactness, its three modes, and the Trainer integration."""
 
 import pytest
 import torch
+from engine_contract import EngineContract
 
 import models
 import tasks
 import trainers
-from engine_contract import EngineContract, toy_batch
 from tasks.base import cross_entropy_loss
 from trainers.engine import trainable_parameters
 from trainers.engines.backprop import Backprop

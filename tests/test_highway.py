@@ -10,12 +10,12 @@ import itertools
 import math
 
 import pytest
+import test_dsf
 import torch
+from engine_contract import EngineContract
 
 import models
 import trainers
-import test_dsf
-from engine_contract import EngineContract
 from models.resnet import downsample, upsample
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
 from trainers.engines.highway import highway_iterations
@@ -302,7 +302,8 @@ def test_residual_mlp_w_matches_brute_force_path_sums():
         for block in model.blocks:
             hs.append(block(hs[-1]))
     # row-vector convention: v -> v @ J_i with J_i[a, b] = d g_a / d h_b
-    J = [None] + [torch.autograd.functional.jacobian(b.branch, h)[0, :, 0] for b, h in zip(model.blocks, hs)]
+    J = [None] + [torch.autograd.functional.jacobian(b.branch, h)[0, :, 0] for b, h in
+                  zip(model.blocks, hs[:-1], strict=True)]
     K = [None] + [torch.ones(4, dtype=torch.float64)] * L
     top = hs[-1].clone().requires_grad_()
     e = torch.zeros(L + 1, 4, dtype=torch.float64)
@@ -376,7 +377,7 @@ def test_batched_path_updates_batchnorm_statistics_once():
     other = image_model("post")
     trainers.build_engine("backprop").compute_grads(other, x, y, cross_entropy_loss)
     trainers.build_engine("highway", k=1, path="batched").compute_grads(model, x, y, cross_entropy_loss)
-    for (n, a), (_, b) in zip(model.named_buffers(), other.named_buffers()):
+    for (n, a), (_, b) in zip(model.named_buffers(), other.named_buffers(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-14, msg=n)
 
 
@@ -498,8 +499,9 @@ def test_cli_bad_k_exits_2(tmp_path):
 
 
 def test_trainer_trains_resnet_on_digits_and_logs_k(tmp_path):
-    from trainers.cli import train_main
     import json
+
+    from trainers.cli import train_main
 
     rc = train_main(["--model", "resnet", "--depth", "8", "--width", "4", "--trainer", "highway",
                      "--highway-k", "1", "--highway-tol", "0.5", "--steps", "12", "--batch-size", "32",

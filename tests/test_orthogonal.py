@@ -92,7 +92,7 @@ def test_trainable_weight_and_marker(method):
         assert not hasattr(layer, "_orthogonal_projection")
     else:
         assert p is layer.weight
-        assert getattr(layer, "_orthogonal_projection") == Projection(method, 3)
+        assert layer._orthogonal_projection == Projection(method, 3)
     assert {id(q) for q in layer.parameters()} == {id(p), id(layer.bias)}
 
 
@@ -227,7 +227,7 @@ def test_projection_keeps_parameter_identity_and_optimizer_state(method):
         optimizer.step()
         before = [w.detach().clone() for w in weights]
         project_(model)
-        assert all(not torch.equal(b, w) for b, w in zip(before, weights))  # it did change them
+        assert all(not torch.equal(b, w) for b, w in zip(before, weights, strict=True))  # it did change them
     assert [id(model[0].weight), id(model[2].weight)] == ids
     assert [id(p) for p in optimizer.param_groups[0]["params"]] == group_ids
     for w in weights:
@@ -250,7 +250,7 @@ def test_project_batches_equal_shapes_and_matches_single_layer_projection():
         for l in layers
     ]
     project_(model)
-    for layer, e in zip(layers, expected):
+    for layer, e in zip(layers, expected, strict=True):
         assert torch.allclose(layer.weight, e, atol=1e-6)
     assert orthogonality_error(model) < TOL32
 
@@ -280,7 +280,7 @@ def test_bjorck_converges_quadratically_to_polar(shape):
     errors = [orthogonality_error(bjorck(W, k)) for k in range(5)]
     assert torch.equal(W, W_copy), "bjorck must not modify its input"
     assert errors[0] > 1e-2
-    for a, b in zip(errors, errors[1:]):
+    for a, b in zip(errors[:-1], errors[1:], strict=True):
         assert b < a or b < 1e-13
     # quadratic: each iteration roughly squares the error (e -> 1.5 e^2)
     assert errors[1] < 2 * errors[0] ** 2 and errors[2] < 2 * errors[1] ** 2

@@ -282,12 +282,12 @@ def test_model_shapes_and_protocol(name):
     assert torch.equal(model(x.reshape(5, 1, 8, 8)), y)
     # the layer-stack equations, written out
     h = h0
-    for layer, dropout in zip(model.layers[:-1], model.dropouts):
+    for layer, dropout in zip(model.layers[:-1], model.dropouts, strict=True):
         h = model.act(dropout(layer(h)))
     assert torch.equal(model.layers[-1](h), y)
     widths = model.widths
     assert widths[0] == 64 and widths[-1] == 10
-    assert all(b <= a for a, b in zip(widths[:-2], widths[1:-1])), widths
+    assert all(b <= a for a, b in zip(widths[:-2], widths[1:-1], strict=True)), widths
 
 
 def test_lenet_architecture_on_digits():

@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from engine_contract import EngineContract
 
 import models
 import tasks
 import trainers
-from engine_contract import EngineContract
 from tasks.base import cross_entropy_loss
 from trainers.engine import trainable_parameters
 from trainers.engines.pepita import Pepita

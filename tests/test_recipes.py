@@ -92,7 +92,7 @@ def test_train_py_takes_the_recipe_when_asked(tmp_path):
 
 def _runs(best, final, metric="accuracy", step=10):
     return [{"report": {"best_val": {metric: b}, "final_val": {metric: f}, "best_step": step}}
-            for b, f in zip(best, final)]
+            for b, f in zip(best, final, strict=True)]
 
 
 def test_failure_notes_explain_collapse_and_chance_and_stay_quiet_otherwise():

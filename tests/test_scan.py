@@ -97,7 +97,7 @@ def test_hillis_steele_is_differentiable_like_the_loop():
 
     got = torch.autograd.grad((reverse_scan(v, a, method="hillis_steele") * w).sum(), (v, a))
     ref = torch.autograd.grad((loop(v, a) * w).sum(), (v, a))
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
 
 

@@ -14,8 +14,17 @@ import pytest
 import torch
 
 import trainers
-from tasks import IGNORE_INDEX, DataError, Split, Task, TaskConfigError, accuracy, available, build
-from tasks import sequence_cross_entropy
+from tasks import (
+    IGNORE_INDEX,
+    DataError,
+    Split,
+    Task,
+    TaskConfigError,
+    accuracy,
+    available,
+    build,
+    sequence_cross_entropy,
+)
 
 REAL_PTB = Path("/work/shared/data/ptb")
 

@@ -39,7 +39,7 @@ def test_same_seed_same_metrics_and_weights(task):
     a.fit(steps=24)
     b.fit(steps=24)
     assert without_timing(a.history) == without_timing(b.history)
-    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
     c = make_trainer(task, seed=1)
     c.fit(steps=24)
@@ -99,7 +99,7 @@ def test_resume_equals_uninterrupted(task, tmp_path, orthogonal):
     report = resumed.fit(steps=steps, resume=True)
 
     assert without_timing(read_metrics(resumed.run_dir)) == without_timing(read_metrics(whole.run_dir))
-    for pa, pb in zip(whole.model.parameters(), resumed.model.parameters()):
+    for pa, pb in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
     recorded = json.loads((whole.run_dir / "result.json").read_text())
     assert report == {k: recorded[k] for k in report}
@@ -178,7 +178,7 @@ def test_agreement_logging_does_not_change_the_trajectory(task):
     plain.fit(steps=12)
     logged = make_trainer(task, grad_agreement_every=3)
     logged.fit(steps=12)
-    for pa, pb in zip(plain.model.parameters(), logged.model.parameters()):
+    for pa, pb in zip(plain.model.parameters(), logged.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
     cos = [r["grad/cosine_global"] for r in logged.history if "grad/cosine_global" in r]
     assert len(cos) == 4 and all(c == pytest.approx(1.0, abs=1e-5) for c in cos)

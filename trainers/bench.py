@@ -43,12 +43,12 @@ from torch.profiler import ProfilerActivity, profile
 import models
 import tasks
 from models.orthogonal import project_
+from models.scan import METHODS as SCAN_METHODS
+from models.scan import reverse_scan
 from trainers.engines.backprop import Backprop
 from trainers.options import parse_key_values
 from trainers.protocols import recurrent_forwards
 from trainers.registry import build_engine
-from models.scan import METHODS as SCAN_METHODS
-from models.scan import reverse_scan
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",

@@ -24,13 +24,19 @@ import torch
 import models
 import tasks
 from trainers.compare import compatible, run_comparison
-from trainers.config import TrainConfig
+from trainers.config import TrainConfig, check_device
 from trainers.distributed import BACKENDS, DataParallel, init_distributed, local_device
-from trainers.config import check_device
-from trainers.errors import (USER_ERRORS, ConfigError, DataError, DistributedError, NonFiniteLossError, RunOutOfMemory,
-                             RunWriteError, command_line, out_of_memory)
-
-INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+from trainers.errors import (
+    USER_ERRORS,
+    ConfigError,
+    DataError,
+    DistributedError,
+    NonFiniteLossError,
+    RunOutOfMemory,
+    RunWriteError,
+    command_line,
+    out_of_memory,
+)
 from trainers.hparams import write_experiment_config
 from trainers.memory import check_fits
 from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
@@ -43,6 +49,7 @@ from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 __all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON",
            "Setup", "OneLineParser"]
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
 MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; larger ones overflow torch's sizes
 

@@ -199,9 +199,9 @@ class DataParallel:
         for work in works:
             self._collective("averaging gradients", work.wait)
         loss_sum, total = flats[0][-2:].tolist()
-        for bucket, flat in zip(buckets, flats):
+        for bucket, flat in zip(buckets, flats, strict=True):
             flat = flat[:sum(p.numel() for p in bucket)].div_(total)
-            for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
+            for p, g in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
                 p.grad.copy_(g.view_as(p.grad))
         return loss_sum / total, int(total)
 
@@ -280,7 +280,7 @@ class DataParallel:
                 pending.append((bucket, flat, self._collective(what, start, flat)))
         for bucket, flat, work in pending:
             self._collective(what, work.wait)
-            for t, new in zip(bucket, flat.split([t.numel() for t in bucket])):
+            for t, new in zip(bucket, flat.split([t.numel() for t in bucket]), strict=True):
                 t.copy_(new.view_as(t))
 
     def barrier(self) -> None:

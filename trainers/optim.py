@@ -59,12 +59,12 @@ def restore_optimizer(optimizer, scheduler, optimizer_state: dict, scheduler_sta
     schedule), so a resume may change them; with unchanged ones the rates equal the checkpoint's exactly."""
     mine = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     optimizer.load_state_dict(optimizer_state)
-    for group, options in zip(optimizer.param_groups, mine):
+    for group, options in zip(optimizer.param_groups, mine, strict=True):
         group.update(options)
     if scheduler is None:
         return
     scheduler.load_state_dict({**scheduler_state, "lr_lambdas": [None] * len(scheduler.lr_lambdas),
                                "base_lrs": list(scheduler.base_lrs)})
-    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
         group["lr"] = base * factor(scheduler.last_epoch)  # LambdaLR's own rule
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

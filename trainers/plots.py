@@ -62,7 +62,7 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -
     rows = 1 + len(layered)
     fig = plt.figure(figsize=(15, 4 * rows))
     axes = [fig.add_subplot(rows, 3, i + 1) for i in range(3)]
-    for ax, (tag, title, ylabel) in zip(axes, panels):
+    for ax, (tag, title, ylabel) in zip(axes, panels, strict=True):
         for trainer, runs in histories.items():
             curve = _curve(runs, tag)
             if curve is None:
@@ -103,7 +103,7 @@ def plot_runs(cells: dict[tuple[str, str], list[float]], experiments: list[str],
 
     ``cells[(experiment, run)]`` holds one value per seed; missing cells are skipped."""
     fig, axes = plt.subplots(1, len(experiments), figsize=(5 * len(experiments), 4), squeeze=False)
-    for ax, exp in zip(axes[0], experiments):
+    for ax, exp in zip(axes[0], experiments, strict=True):
         for x, run in enumerate(runs):
             values = np.array(cells.get((exp, run), []))
             if values.size:

@@ -41,8 +41,17 @@ from trainers.checkpoint import write_text_atomic
 from trainers.config import TrainConfig
 from trainers.distributed import DataParallel, local_device
 from trainers.engine import GradientEngine, trainable_parameters
-from trainers.errors import (USER_ERRORS, ConfigError, DistributedError, NonFiniteLossError, RunInterrupted,
-                             RunOutOfMemory, RunWriteError, out_of_memory, spell)
+from trainers.errors import (
+    USER_ERRORS,
+    ConfigError,
+    DistributedError,
+    NonFiniteLossError,
+    RunInterrupted,
+    RunOutOfMemory,
+    RunWriteError,
+    out_of_memory,
+    spell,
+)
 from trainers.hparams import session_hparams, session_metrics
 from trainers.logger import RunLogger, read_metrics
 from trainers.optim import build_optimizer, build_scheduler, restore_optimizer

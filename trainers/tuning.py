@@ -103,7 +103,7 @@ def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdi
     ``<logdir>/<experiment>/tuning/<trainer>/tuning.json``) ``{"grid", "seed", "metric",
     "trials": [{"values", "best_val", "best_step"}], "best": values, "best_val": its metrics}``.
     """
-    points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+    points = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
     trials = []
     for values in points:
         setup = build(trainer, seed, values)

@@ -55,7 +55,7 @@ def stack_forward(model, h0, *, keep: bool):
     """Clean pass from h_0; returns ([h_0 .. h_{L-1}] if keep else [], y)."""
     hs = [h0] if keep else []
     h = h0
-    for layer, dropout in zip(model.layers[:-1], model.dropouts):
+    for layer, dropout in zip(model.layers[:-1], model.dropouts, strict=True):
         h = model.act(dropout(layer(h)))  # (B, *shape_l)
         if keep:
             hs.append(h)
@@ -162,7 +162,7 @@ class ModulatedForward(GradientEngine):
             s = self.error_scale()
             h = h0 + (self.sign * s) * self.feedback(model, h0, e)
             replay()
-            for l, (layer, dropout) in enumerate(zip(layers[:-1], model.dropouts)):
+            for l, (layer, dropout) in enumerate(zip(layers[:-1], model.dropouts, strict=True)):
                 previous = h
                 h = model.act(dropout(layer(h)))  # h~_l
                 presynaptic = previous if self.modulated_presynaptic else clean[l]

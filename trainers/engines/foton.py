@@ -142,7 +142,7 @@ class Foton(ModulatedForward):
             h = h0
             if self.options.mode == "jvp":
                 # (h_l, J_l F e) layer by layer: a forward-mode JVP along F e
-                for layer, dropout in zip(layers[:-1], model.dropouts):
+                for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
                     if isinstance(layer, nn.Linear):  # linear map: the tangent is W t, no functorch call
                         a, da = layer(h), linear(direction, layer.weight)
                     else:
@@ -156,7 +156,7 @@ class Foton(ModulatedForward):
                 # lockstep clean and modulated passes; only the current layer is alive
                 s = self.options.error_scale
                 h_mod = h0 - s * direction
-                for layer, dropout in zip(layers[:-1], model.dropouts):
+                for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
                     with dropout.shared_mask():
                         h_next, h_mod = model.act(dropout(layer(h))), model.act(dropout(layer(h_mod)))
                     write_layer_grads(layer, h, (h_next - h_mod) / s, batch)

@@ -122,7 +122,7 @@ def _combine_derivatives(blocks, inputs, outputs) -> tuple[torch.Tensor, torch.T
     stacked (n, B, ...), or one element when constant over all blocks (K = I, (1 - gamma) I).
     Exact because every combine is element-wise; one small autograd call per block."""
     ks, dzs = [], []
-    for block, x, z in zip(blocks, inputs, outputs):
+    for block, x, z in zip(blocks, inputs, outputs, strict=True):
         x, z = x.detach().requires_grad_(), z.detach().requires_grad_()
         with torch.enable_grad():
             h = block.combine(x, z)
@@ -193,13 +193,13 @@ class _ReferenceDepth:
     def back(self, C):
         """Cotangents at every block input from the cotangents C (n, B, ...) at the branch outputs."""
         return torch.stack([torch.autograd.grad(z, x, c, retain_graph=True)[0]
-                            for z, x, c in zip(self.branches, self.inputs, C)])
+                            for z, x, c in zip(self.branches, self.inputs, C, strict=True)])
 
     def parameter_grads(self, C) -> dict[int, torch.Tensor]:
         out = {}
-        for block, z, c in zip(self.blocks, self.branches, C):
+        for block, z, c in zip(self.blocks, self.branches, C, strict=True):
             params = [p for p in block.parameters() if p.requires_grad]
-            for p, g in zip(params, torch.autograd.grad(z, params, c, allow_unused=True)):
+            for p, g in zip(params, torch.autograd.grad(z, params, c, allow_unused=True), strict=True):
                 if g is not None:
                     out[id(p)] = g
         return out
@@ -248,7 +248,7 @@ class _BatchedDepth:
         for idx, members, params, _, Z in self.groups:
             names = [n for n, p in params.items() if p.requires_grad]
             grads = torch.autograd.grad(Z, [params[n] for n in names], C[idx], allow_unused=True)
-            for name, g in zip(names, grads):
+            for name, g in zip(names, grads, strict=True):
                 if g is None:
                     continue
                 for j, block in enumerate(members):
@@ -326,7 +326,7 @@ class Highway(GradientEngine):
         loss = loss_fn(outputs, targets)
         *head_grads, e_top = torch.autograd.grad(loss, params + [top], allow_unused=True)
         grads: dict[int, torch.Tensor] = {}  # id(parameter) -> its gradient, summed over head, stem, blocks
-        _accumulate(grads, zip(map(id, params), head_grads))
+        _accumulate(grads, zip(map(id, params), head_grads, strict=True))
 
         # positions s_0 .. s_n; e is zero but at the top; a_j = K_{j+1}
         n = len(stack.blocks)
@@ -338,7 +338,7 @@ class Highway(GradientEngine):
             return torch.cat([stack.back(W[1:] * stack.Dz), torch.zeros_like(W[:1])])
 
         W = self._iterate(e, carry, back, dim=0)
-        _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, W[0], allow_unused=True)))
+        _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, W[0], allow_unused=True), strict=True))
         _accumulate(grads, stack.parameter_grads(W[1:] * stack.Dz).items())
         return outputs, loss, grads
 
@@ -358,7 +358,7 @@ class Highway(GradientEngine):
 
                 def vjp_prev(W):  # one VJP per step
                     return torch.stack([torch.autograd.grad(s, p, W[:, t], retain_graph=True)[0]
-                                        for t, ((s, _), p) in enumerate(zip(steps, leaves))], dim=1)
+                                        for t, ((s, _), p) in enumerate(zip(steps, leaves, strict=True))], dim=1)
             else:
                 local, gate = layer.cell_with_gate(x.reshape(B * T, -1), prev.reshape(B * T, size))
                 local, gate = local.reshape(B, T, size), gate.detach().reshape(B, T, size)
