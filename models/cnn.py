@@ -7,7 +7,8 @@ Same equations and protocol as ``models.mlp`` (``trainers.protocols.LayerStack``
     y   = A_L h_{L-1} + b_L                  (no activation, no dropout)
 
 Every ``A_l`` is a module with ``forward`` (A h + b) and ``adjoint`` (A^T v, no
-bias): an ``OrthoConvBlock`` or a ``FlattenLinear`` (an ``nn.Linear`` as ``.linear``). The hidden maps have orthonormal rows
+bias): an ``OrthoConvBlock`` or a ``FlattenLinear`` (an ``nn.Linear`` as ``.linear``). The hidden maps have
+orthonormal rows
 (A A^T = I) exactly, up to float rounding: the convolutions by construction
 (``models.orthogonal_conv.OrthogonalConv2d``, Fourier-domain Cayley transform),
 the dense hidden layers through ``models.orthogonal.make_orthogonal`` (default

@@ -103,7 +103,8 @@ class ResNet(nn.Module):
         self.in_shape = infer_image_shape(in_features, in_shape)
         C, H, W = self.in_shape
         if H % 4 or W % 4:
-            raise ModelConfigError(f"resnet needs image sides divisible by 4 (stages downsample by 2 and 4), got {H}x{W}")
+            raise ModelConfigError(f"resnet needs image sides divisible by 4 (stages downsample by 2 and 4), "
+                                   f"got {H}x{W}")
         preact = variant == "preact"
         n = (depth - 2) // 6
         self.stem_conv = nn.Conv2d(C, width, 3, padding=1, bias=False)

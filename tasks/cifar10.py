@@ -93,9 +93,11 @@ def extract_archive(archive: str | Path, root: str | Path) -> None:
             for member in tar:
                 parts = PurePosixPath(member.name).parts
                 if member.name.startswith(("/", "\\")) or PurePosixPath(member.name).is_absolute() or ".." in parts:
-                    raise DataError(f"unsafe path '{member.name}' in {archive}; delete the archive and download it again")
+                    raise DataError(f"unsafe path '{member.name}' in {archive}; delete the archive and download it "
+                                    "again")
                 if member.issym() or member.islnk() or not (member.isfile() or member.isdir()):
-                    raise DataError(f"unexpected link or device '{member.name}' in {archive}; delete the archive and download it again")
+                    raise DataError(f"unexpected link or device '{member.name}' in {archive}; delete the archive "
+                                    "and download it again")
                 if not parts or parts[0] != FOLDER or not member.isfile():
                     continue
                 target = root.joinpath(*parts)
@@ -111,7 +113,8 @@ def extract_archive(archive: str | Path, root: str | Path) -> None:
                     if os.path.exists(tmp):
                         os.unlink(tmp)
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise DataError(f"cannot extract {archive}: {' '.join(str(exc).split())}; delete it and download it again") from None
+        reason = " ".join(str(exc).split())
+        raise DataError(f"cannot extract {archive}: {reason}; delete it and download it again") from None
 
 
 def _normalize(images: np.ndarray) -> torch.Tensor:

@@ -33,7 +33,8 @@ def resolve_root(data_dir: str | os.PathLike | None, download: bool) -> Path:
     """The data root; an explicitly given ``data_dir`` must exist unless downloading."""
     root = cache_dir(data_dir)
     if data_dir is not None and not download and not root.is_dir():
-        raise DataError(f"data directory {root} does not exist; create it and put the data files there, or pass --download")
+        raise DataError(f"data directory {root} does not exist; create it and put the data files there, "
+                        "or pass --download")
     return root
 
 
@@ -70,7 +71,8 @@ def ensure_file(
         if verify and md5 is not None:
             got = md5sum(path)
             if got != md5:
-                raise DataError(f"checksum mismatch for {path}: expected md5 {md5}, got {got}; delete it and pass --download, or replace it with the file from {url}")
+                raise DataError(f"checksum mismatch for {path}: expected md5 {md5}, got {got}; delete it and pass "
+                                f"--download, or replace it with the file from {url}")
         return path
     if not download:
         raise DataError(f"missing {path}: put the file '{filename}' there (from {url}), or pass --download")
@@ -89,10 +91,12 @@ def ensure_file(
                     out.write(chunk)
         except Exception as exc:  # URLError, HTTPError, timeouts, bad URLs, connection resets
             reason = getattr(exc, "reason", None) or exc
-            raise DataError(f"could not download {url}: {_one_line(reason)}; put {filename} in {directory} by hand") from None
+            raise DataError(f"could not download {url}: {_one_line(reason)}; put {filename} in {directory} "
+                            "by hand") from None
         got = digest.hexdigest()
         if md5 is not None and got != md5:
-            raise DataError(f"checksum mismatch for {url}: expected md5 {md5}, got {got}; nothing was saved, retry or put {filename} in {directory} by hand")
+            raise DataError(f"checksum mismatch for {url}: expected md5 {md5}, got {got}; nothing was saved, "
+                            f"retry or put {filename} in {directory} by hand")
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -51,7 +51,8 @@ from .download import cache_dir
 from .errors import DataError, TaskConfigError
 from .registry import check_int, register_task
 
-__all__ = ["build_ptb_char", "build_ptb_word", "load_ptb", "tokenize", "build_vocab", "UNK", "EOS", "BOS", "PAD", "FILES"]
+__all__ = ["build_ptb_char", "build_ptb_word", "load_ptb", "tokenize", "build_vocab", "UNK", "EOS", "BOS", "PAD",
+           "FILES"]
 
 UNK = "<unk>"
 EOS = "<eos>"
@@ -89,7 +90,8 @@ def _read(directory: Path, filename: str, name: str) -> str:
     path = directory / filename
     if not path.is_file():
         hint = ""
-        if filename == FILES["train"] and (directory / FILES["val"]).is_file() and (directory / FILES["test"]).is_file():
+        others = (directory / FILES["val"]).is_file() and (directory / FILES["test"]).is_file()
+        if filename == FILES["train"] and others:
             hint = (
                 f"; this directory holds only {FILES['val']} and {FILES['test']}: pass train_file='{FILES['val']}' "
                 "to train on the validation text (train and val then coincide)"

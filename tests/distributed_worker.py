@@ -34,7 +34,8 @@ for i, p in enumerate(params):
 
 # an engine statistic over the global batch (DSF's gate mean)
 value = torch.tensor([1.0, 2.0], dtype=torch.float64) * (here.rank + 1)
-torch.testing.assert_close(mean_over_ranks(value, counts[here.rank]), torch.tensor([10 / 7, 20 / 7], dtype=torch.float64))
+torch.testing.assert_close(mean_over_ranks(value, counts[here.rank]),
+                           torch.tensor([10 / 7, 20 / 7], dtype=torch.float64))
 
 # sums of metrics; rank 0's object and weights everywhere
 assert here.sums([here.rank + 1.0, 2.0]) == [3.0, 4.0]

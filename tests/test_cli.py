@@ -85,7 +85,8 @@ def test_script_exit_code_through_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--trainer", "nope",
                            "--logdir", str(tmp_path)], capture_output=True, text=True, env=env)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: unknown trainer 'nope'; available: " + ", ".join(trainers.available())]
+    expected = "error: unknown trainer 'nope'; available: " + ", ".join(trainers.available())
+    assert proc.stderr.strip().splitlines() == [expected]
     help_text = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--help"],
                                capture_output=True, text=True, env=env).stdout
     for name in ("backprop", "mlp", "residual_mlp", "digits", "teacher", "mnist"):

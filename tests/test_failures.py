@@ -382,7 +382,7 @@ def test_a_logdir_that_is_a_file_unwritable_or_read_only_is_one_line_exit_2(tmp_
     assert not_a_dir.read_text() == "x"
 
     for code_ in (errno.EACCES, errno.EROFS):
-        def refused(self, *args, **kwargs):
+        def refused(self, *args, code_=code_, **kwargs):
             raise OSError(code_, os.strerror(code_), str(self))
         monkeypatch.setattr(Path, "mkdir", refused)  # (tests may run as root, which chmod does not stop)
         code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "ro")

@@ -170,10 +170,12 @@ def zoo_case(name):
     torch.manual_seed(0)
     if name == "residual_mlp":
         m = models.build("residual_mlp", in_features=12, out_features=4, depth=5, width=8)
-        x, y, loss, L = torch.randn(16, 12, generator=gen), torch.randint(0, 4, (16,), generator=gen), cross_entropy_loss, 5
+        x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 4, (16,), generator=gen)
+        loss, L = cross_entropy_loss, 5
     elif name in ("resnet_preact", "resnet_post"):
         m = models.build("resnet", in_features=64, out_features=4, depth=8, width=4, variant=name[7:])
-        x, y, loss, L = torch.randn(8, 64, generator=gen), torch.randint(0, 4, (8,), generator=gen), cross_entropy_loss, 3
+        x, y = torch.randn(8, 64, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        loss, L = cross_entropy_loss, 3
     elif name == "gpt":
         m = models.build("gpt", in_features=6, out_features=13, depth=2, width=8, heads=2)
         x, y, loss, L = (torch.randint(0, 13, (3, 6), generator=gen), torch.randint(0, 13, (3, 6), generator=gen),
@@ -364,6 +366,8 @@ def test_adaptive_k_logged_and_equal_to_fixed_k():
     metrics = engine.metrics()
     used = metrics["highway_k"]
     assert used < L and metrics["highway_delta"] <= 1e-3  # two layers, each stopped early
+    at_used = grads_of(model, trainers.build_engine("highway", k=int(used)), x, y, loss)
+    assert used == int(used) and max_rel_diff(adaptive, at_used) < 1e-12  # what a fixed k = used computes
     assert engine.metrics().keys() == {"highway_k", "highway_delta"}
     fixed = trainers.build_engine("highway", k=L)
     grads_of(model, fixed, x, y, loss)

@@ -246,8 +246,9 @@ def test_project_batches_equal_shapes_and_matches_single_layer_projection():
         for layer in layers:
             layer.weight.add_(0.003 * torch.randn_like(layer.weight))
     expected = [
-        bjorck(l.weight.detach(), 2) if l._orthogonal_projection.method == "bjorck" else polar(l.weight.detach())
-        for l in layers
+        bjorck(layer.weight.detach(), 2) if layer._orthogonal_projection.method == "bjorck"
+        else polar(layer.weight.detach())
+        for layer in layers
     ]
     project_(model)
     for layer, e in zip(layers, expected, strict=True):
@@ -257,7 +258,8 @@ def test_project_batches_equal_shapes_and_matches_single_layer_projection():
 
 def test_project_is_noop_without_projected_layers():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 6), make_orthogonal(nn.Linear(6, 5), "expm"), make_orthogonal(nn.Linear(5, 5), "cayley"))
+    model = nn.Sequential(nn.Linear(6, 6), make_orthogonal(nn.Linear(6, 5), "expm"),
+                          make_orthogonal(nn.Linear(5, 5), "cayley"))
     with torch.no_grad():
         model[0].weight.add_(1.0)
         for m in model[1:]:
@@ -350,8 +352,8 @@ def test_polar_is_uvt_and_the_nearest_orthogonal_matrix(shape):
     B = bjorck(scaled, 60)
     assert orthogonality_error(Qr) < 1e-12 and orthogonality_error(B) < 1e-10
     others = [Qr, _random_orthogonal(shape, seed=11), -P, B @ torch.linalg.matrix_exp(_skew(B.shape[1], 12))]
-    for O in others:
-        assert d_polar <= torch.dist(O, W).item() + 1e-12
+    for Q in others:
+        assert d_polar <= torch.dist(Q, W).item() + 1e-12
     assert d_polar < torch.dist(Qr, W).item() - 1e-3
     # Björck from the rescaled matrix converges to the same polar factor
     assert torch.allclose(B, P, atol=1e-8)
@@ -370,7 +372,8 @@ def test_orthogonality_error_of_models():
     plain = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
     assert orthogonality_error(plain) == 0.0
     assert orthogonality_error(nn.ReLU()) == 0.0
-    model = nn.Sequential(nn.Linear(5, 5), make_orthogonal(nn.Linear(5, 4), "bjorck"), make_orthogonal(nn.Linear(4, 6), "expm"))
+    model = nn.Sequential(nn.Linear(5, 5), make_orthogonal(nn.Linear(5, 4), "bjorck"),
+                          make_orthogonal(nn.Linear(4, 6), "expm"))
     assert orthogonality_error(model) < TOL32
     with torch.no_grad():
         model[1].weight.add_(1e-2 * torch.randn(4, 5))
@@ -436,7 +439,7 @@ def test_route_weight_grad_parametrized_inside_cached_context():
     with torch.no_grad():
         expected = route_weight_grad(layer, G).clone()
     with torch.no_grad(), parametrize.cached():
-        layer.weight  # fills the cache without a graph
+        _ = layer.weight  # fills the cache without a graph
         got = route_weight_grad(layer, G)
     assert torch.allclose(got, expected, atol=1e-14)
 

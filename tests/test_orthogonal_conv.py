@@ -353,9 +353,9 @@ def test_hidden_stack_gives_exact_foton_signal():
         for layer in reversed(model.layers):
             v = layer.adjoint(v)
         h_mod = h0 - v
-        for l, layer in enumerate(model.layers[:-1], start=1):
+        for i, layer in enumerate(model.layers[:-1], start=1):
             h_mod = layer(h_mod)
-            assert _rel(hs[l] - h_mod, deltas[l]) < 1e-10, l
+            assert _rel(hs[i] - h_mod, deltas[i]) < 1e-10, i
 
 
 def test_bad_model_options():

@@ -232,7 +232,7 @@ def test_seq_digits_shapes_and_splits():
 
 def test_copy_is_deterministic_and_asks_for_the_symbols_after_the_delay():
     kwargs = dict(n_symbols=5, length=4, delay=6, n_train=30, n_val=5, n_test=5)
-    task, again, other = build("copy", seed=3, **kwargs), build("copy", seed=3, **kwargs), build("copy", seed=4, **kwargs)
+    task, again, other = (build("copy", seed=s, **kwargs) for s in (3, 3, 4))
     assert torch.equal(task.train.inputs, again.train.inputs) and torch.equal(task.test.targets, again.test.targets)
     assert not torch.equal(task.train.inputs, other.train.inputs)
     T = 2 * 4 + 6

@@ -219,7 +219,8 @@ def test_teacher_labels_are_learnable():
     acc = task.metric(with_bias(task.test.inputs) @ weights, task.test.targets).item()
     assert acc > 0.45
     shuffled = task.train.targets[torch.randperm(len(task.train), generator=torch.Generator().manual_seed(0))]
-    weights = torch.linalg.lstsq(with_bias(task.train.inputs), torch.nn.functional.one_hot(shuffled, 10).float()).solution
+    one_hot = torch.nn.functional.one_hot(shuffled, 10).float()
+    weights = torch.linalg.lstsq(with_bias(task.train.inputs), one_hot).solution
     assert task.metric(with_bias(task.test.inputs) @ weights, task.test.targets).item() < 0.3
 
 

@@ -29,6 +29,7 @@ the rest, and dominate when the batch is large against the width).
 """
 
 import copy
+import functools
 import json
 import platform
 import statistics
@@ -195,18 +196,14 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                 engine = engine_from_spec(name)
                 engine.check(model)
                 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-                def step():
-                    engine.compute_grads(model, x, y, F.cross_entropy)
-                    opt.step()
-                    project_(model)
-
+                step = _training_step(engine, model, x, y, F.cross_entropy, opt, after=project_)
                 ms = 1e3 * _time_steps(step, steps, warmup, device)
                 progress(f"{name} depth {depth} width {width}", ms)
                 step_mem = peak_step_memory_mb(step, device)
                 # the gradient computation alone, grads freed first: activations + new grads + temporaries
                 model.zero_grad(set_to_none=True)
-                grads_mem = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, F.cross_entropy), device)
+                grads_mem = peak_step_memory_mb(functools.partial(engine.compute_grads, model, x, y, F.cross_entropy),
+                                                device)
                 grad_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
                 if name == "backprop":
                     base = (ms, grads_mem)
@@ -239,6 +236,16 @@ class _LoopBPTT(Backprop):
             return super().compute_grads(model, inputs, targets, loss_fn)
 
 
+def _training_step(engine, model, x, y, loss_fn, opt, after=None):
+    """The timed step: the engine's gradients, the optimizer step, then ``after(model)`` (e.g. a projection)."""
+    def step():
+        engine.compute_grads(model, x, y, loss_fn)
+        opt.step()
+        if after is not None:
+            after(model)
+    return step
+
+
 def _time_steps(step, steps, warmup, device) -> float:
     """Median seconds of ``step()`` over ``steps`` calls after ``warmup`` calls."""
     for _ in range(warmup):
@@ -264,15 +271,10 @@ def _time_trainers(names, build_model, x, y, loss_fn, device, steps, warmup, pro
         engine = _LoopBPTT() if name == "bptt_loop" else engine_from_spec(name)
         engine.check(model)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step():
-            engine.compute_grads(model, x, y, loss_fn)
-            opt.step()
-
-        ms = 1e3 * _time_steps(step, steps, warmup, device)
+        ms = 1e3 * _time_steps(_training_step(engine, model, x, y, loss_fn, opt), steps, warmup, device)
         progress(f"{name} {label}", ms)
         model.zero_grad(set_to_none=True)
-        peak = peak_step_memory_mb(lambda: engine.compute_grads(model, x, y, loss_fn), device)
+        peak = peak_step_memory_mb(functools.partial(engine.compute_grads, model, x, y, loss_fn), device)
         if name == "backprop":
             base = (ms, peak)
         rows.append({"trainer": name, "step_ms": ms, "ratio_to_backprop": ms / base[0],
@@ -299,8 +301,8 @@ def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, voca
             x = torch.randint(0, vocab, (batch_size, T), generator=gen).to(device)
             y = torch.randint(0, vocab, (batch_size, T), generator=gen).to(device)
 
-            def build():
-                return models.build("rnn_lm", in_features=T, out_features=vocab, cell=cell, hidden=hidden, depth=depth)
+            build = functools.partial(models.build, "rnn_lm", in_features=T, out_features=vocab, cell=cell,
+                                      hidden=hidden, depth=depth)
 
             for row in _time_trainers(runnable[T], build, x, y, sequence_cross_entropy, device, steps, warmup,
                                       progress, f"{cell} depth {depth} T {T}"):

@@ -46,8 +46,8 @@ from trainers.rng import seed_everything
 from trainers.trainer import Trainer
 from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 
-__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli", "DEFAULT_COMPARISON",
-           "Setup", "OneLineParser"]
+__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli",
+           "DEFAULT_COMPARISON", "Setup", "OneLineParser"]
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
@@ -60,7 +60,8 @@ MODEL_FLAGS = {
     "width": (str, "hidden width, or a comma list of hidden widths (mlp); stream channels (resnet); d_model (gpt)"),
     "hidden": (int, "branch hidden width (residual_mlp) or recurrent state size (rnn_lm, rnn_block_lm)"),
     "cell": (str, "recurrent cell: rnn, gru, lstm, diagonal (rnn_lm, rnn_block_lm)"),
-    "vocab_size": (int, "input token vocabulary when it differs from the outputs, e.g. copy (rnn_lm, rnn_block_lm, gpt)"),
+    "vocab_size": (int, "input token vocabulary when it differs from the outputs, e.g. copy "
+                        "(rnn_lm, rnn_block_lm, gpt)"),
     "input_dim": (int, "float features per step instead of tokens, e.g. 2 for adding (rnn_lm, rnn_block_lm)"),
     "per_step": (str, "one output per step: true or false (rnn_lm, rnn_block_lm; default: true for tokens)"),
     "tie_weights": (str, "share the head's weight with the embedding: true or false (rnn_lm, rnn_block_lm, gpt)"),
@@ -424,12 +425,14 @@ def bench_main(argv=None) -> int:
     from trainers import bench
 
     parser = OneLineParser(description="Benchmark step time (median) and peak memory per trainer.")
-    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "all"], default="all")
+    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "all"],
+                        default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,
                         help="';'-separated trainer specs, e.g. 'backprop;foton;foton:mode=lowmem' (engines suite; "
                              "default: every trainer that accepts an MLP) or 'backprop;ftbptt;dsf;bptt_loop' "
-                             "(recurrent suite; that is its default) or 'backprop;highway:k=0;highway:k=5;highway:k=10' "
+                             "(recurrent suite; that is its default) or "
+                             "'backprop;highway:k=0;highway:k=5;highway:k=10' "
                              "(residual suite; its default: k = 0, 5, 10 on both paths)")
     parser.add_argument("--depths", default="8,32", help="comma list of MLP depths (engines suite)")
     parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines and residual suites)")

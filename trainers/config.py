@@ -22,7 +22,8 @@ class TrainConfig:
     nesterov: bool = option(False, "SGD Nesterov momentum")
     weight_decay: float = option(0.0, "weight decay (decoupled for adamw)")
     schedule: Literal["constant", "step", "cosine"] = option(
-        "constant", "learning-rate schedule: constant, step (x gamma every step_size steps), or linear warmup + cosine to 0"
+        "constant", "learning-rate schedule: constant, step (x gamma every step_size steps), or linear warmup + "
+                    "cosine to 0"
     )
     warmup_steps: int = option(0, "linear warmup steps (cosine schedule)")
     step_size: int = option(1000, "steps between decays (step schedule)")
@@ -36,7 +37,8 @@ class TrainConfig:
               "rows each time (none: the whole split; the final validation and the test always use the whole split)"
     )
     log_every: int = option(10, "log training scalars every N steps")
-    grad_agreement_every: int = option(0, "log gradient agreement with exact backprop every N steps (0: off; costs a backprop pass)")
+    grad_agreement_every: int = option(
+        0, "log gradient agreement with exact backprop every N steps (0: off; costs a backprop pass)")
     checkpoint_every: int | None = option(None, "write a checkpoint every N steps (none: at evaluations only)")
     seed: int = option(0, "one seed for Python, NumPy, torch and data order")
     device: str = option("cpu", "torch device (cpu, cuda, cuda:1, ...)")

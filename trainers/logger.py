@@ -63,7 +63,8 @@ class RunLogger:
             self.jsonl.unlink(missing_ok=True)
         else:
             self._truncate_after(resume_step)
-        self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=resume_step + 1 if resume_step is not None else None)
+        purge = resume_step + 1 if resume_step is not None else None
+        self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=purge)
         self._file = open(self.jsonl, "a")
 
     def _truncate_after(self, step: int) -> None:

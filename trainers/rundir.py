@@ -36,7 +36,8 @@ from trainers.errors import ConfigError, DamagedCheckpointError, RunBusyError, o
 
 __all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
 
-CHECKPOINT, PREVIOUS, LOCK, RESULT, METRICS = "checkpoint.pt", "checkpoint.prev.pt", ".lock", "result.json", "metrics.jsonl"
+CHECKPOINT, PREVIOUS, LOCK = "checkpoint.pt", "checkpoint.prev.pt", ".lock"
+RESULT, METRICS = "result.json", "metrics.jsonl"
 RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS, RESULT, "failed.json")
 
 FIXED = ("optimizer", "seed", "dtype", "schedule")
@@ -201,7 +202,8 @@ def check_resume(path, state: dict, identity: dict, config: dict, allow_changes=
 
     ``identity``: ``{"trainer", "engine": options, "task": its name and sizes, "model": how it was built}``;
     ``config``: this run's training options; ``shapes``: name -> shape of this run's model
-    state (a model built otherwise, or a Python model without a recorded build, shows here). Returns ``[{"step", "option", "from", "to"}]``
+    state (a model built otherwise, or a Python model without a recorded build, shows here).
+    Returns ``[{"step", "option", "from", "to"}]``
     for each option of ``CHANGEABLE`` in ``allow_changes`` whose value differs.
     """
     step = state["step"]

@@ -74,7 +74,8 @@ class TimeParallel(GradientEngine):
             if not isinstance(layer, RecurrentLayer):
                 raise IncompatibleModelError(
                     f"trainer '{self.name}' needs recurrent layers with the RecurrentLayer protocol "
-                    f"(trainers/protocols.py); {type(layer).__name__} is not one (layers that qualify: models.recurrent)")
+                    f"(trainers/protocols.py); {type(layer).__name__} is not one "
+                    "(layers that qualify: models.recurrent)")
 
     needs_gate = False  # coefficients need the cell's gate
 

@@ -162,11 +162,11 @@ class ModulatedForward(GradientEngine):
             s = self.error_scale()
             h = h0 + (self.sign * s) * self.feedback(model, h0, e)
             replay()
-            for l, (layer, dropout) in enumerate(zip(layers[:-1], model.dropouts, strict=True)):
+            for i, (layer, dropout) in enumerate(zip(layers[:-1], model.dropouts, strict=True)):
                 previous = h
                 h = model.act(dropout(layer(h)))  # h~_l
-                presynaptic = previous if self.modulated_presynaptic else clean[l]
-                write_layer_grads(layer, presynaptic, (clean[l + 1] - h) / s, batch)
+                presynaptic = previous if self.modulated_presynaptic else clean[i]
+                write_layer_grads(layer, presynaptic, (clean[i + 1] - h) / s, batch)
             # output layer
             err = output_error(layers[-1](h), targets, loss_fn, T) if self.modulated_output_error else e
             write_layer_grads(layers[-1], h if self.modulated_presynaptic else clean[-1], err, batch)

@@ -232,7 +232,7 @@ class _BatchedDepth:
             params = {"block." + n: p for n, p in params.items()}
             buffers = {"block." + n: b for n, b in buffers.items()}
             X = S[idx].requires_grad_()
-            out = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, X)
+            out = vmap(lambda p, b, x, base=base: functional_call(base, (p, b), (x,)))(params, buffers, X)
             self.groups.append((idx, members, params, X, out))
             Z[idx] = out.detach()
         self.K, self.Dz = _combine_derivatives(blocks, S, Z)
