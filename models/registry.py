@@ -1,12 +1,15 @@
 """Models by name: ``build(name, **options)`` and ``available()``."""
 
 import inspect
+from collections.abc import Callable
+
+from torch import nn
 
 from models.errors import ModelConfigError
 
 __all__ = ["register_model", "build", "available"]
 
-_MODELS = {}
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_model(name: str):

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The FOTON depth table of BENCHMARKS.md (issue 12): FOTON, PEPITA and backprop on the same
+# The FOTON depth table of BENCHMARKS.md (issues 12, 16): FOTON, PEPITA, FA, DFA and backprop on the same
 # orthogonal (Bjorck x3) tanh MLP of width 64, depths 2 / 8 / 32 / 100, each trainer at its
 # recipe (trainers/recipes.py: FOTON SGD 0.5 batch 256, PEPITA SGD 0.01 momentum 0.9 batch 64,
-# backprop Adam 1e-3 batch 64), seeds 0,1,2, per-layer gradient agreement every 10 steps.
+# backprop, FA and DFA Adam 1e-3 batch 64), seeds 0,1,2, per-layer gradient agreement every 10 steps.
 # Then FOTON tuned at depths 32 and 100 (compare.py --tune, validation split only).
 #
 #   bash scripts/foton_depth.sh TASK [LOGDIR] [EPOCHS]
 #   TASK digits (30 epochs) or mnist-t10k (10 epochs; MNIST's t10k files in
 #        ../shared/data/mnist-t10k, or DATA_DIR/mnist-t10k)
-# Then: python scripts/table.py LOGDIR --columns backprop,foton,pepita,foton-tuned
+# Then: python scripts/table.py LOGDIR --columns backprop,foton,pepita,fa,dfa,foton-tuned
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -24,7 +24,7 @@ common=(--task "$TASK" "${data[@]}" --model mlp --width 64 --activation tanh --o
         --log-every 10)
 for depth in 2 8 32 100; do
   $PY scripts/compare.py "${common[@]}" --depth "$depth" --experiment "depth$depth" \
-      --trainers backprop,foton,pepita --resume > /dev/null || echo "a run diverged (summary.md)"
+      --trainers "${TRAINERS:-backprop,foton,pepita,fa,dfa}" --resume > /dev/null || echo "a run diverged (summary.md)"
   echo "$(date +%T) done depth $depth"
 done
 for depth in 32 100; do  # FOTON tuned: Adam (per-coordinate steps undo its per-layer scale) x temperature
@@ -33,4 +33,4 @@ for depth in 32 100; do  # FOTON tuned: Adam (per-coordinate steps undo its per-
       --tune-grid foton.temperature=1,8 --resume > /dev/null || echo "a run diverged (summary.md)"
   echo "$(date +%T) done tuned depth $depth"
 done
-$PY scripts/table.py "$LOGDIR" --columns backprop,foton,pepita,foton-tuned
+$PY scripts/table.py "$LOGDIR" --columns backprop,foton,pepita,fa,dfa,foton-tuned

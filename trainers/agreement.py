@@ -56,7 +56,13 @@ def compare_grads(grads: dict[str, torch.Tensor], reference: dict[str, torch.Ten
 def _grads_of(engine, model, inputs, targets, loss_fn, rng):
     set_torch_rng_state(rng)
     engine.compute_grads(model, inputs, targets, loss_fn)
-    return {name: p.grad.detach().clone() for name, p in trainable_parameters(model)}
+    grads = {}
+    for name, p in trainable_parameters(model):
+        if p.grad is None:
+            raise RuntimeError(f"engine '{engine.name}' left no gradient for {name} (the engine contract: fill every "
+                               "trainable parameter's .grad)")
+        grads[name] = p.grad.detach().clone()
+    return grads
 
 
 def gradient_agreement(model, engine: GradientEngine, inputs, targets, loss_fn) -> dict:

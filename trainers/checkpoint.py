@@ -15,6 +15,7 @@ without being executed (``UnsafeCheckpointError``); a truncated or garbled
 one raises ``DamagedCheckpointError``.
 """
 
+import importlib
 import os
 import re
 import tempfile
@@ -119,7 +120,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 # NumPy's RNG key as an array, as checkpoints held it before RNG states became tensors: plain
 # uint32 arrays (an object array would still need its objects' classes, which stay forbidden)
-NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+NUMPY_ARRAY_GLOBALS = [importlib.import_module("numpy._core.multiarray")._reconstruct, np.ndarray, np.dtype,
+                       type(np.dtype(np.uint32))]
 
 _FORBIDDEN = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
 

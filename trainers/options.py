@@ -102,8 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, prefix: str = "", tit
         tp = hints[f.name]
         base = _base_type(tp)
         flag = "--" + (prefix + f.name).replace("_", "-")
-        kwargs = dict(dest=prefix + f.name, default=argparse.SUPPRESS,
-                      help=f"{f.metadata.get('help', '')} (default: {f.default})")
+        kwargs: dict[str, typing.Any] = dict(dest=prefix + f.name, default=argparse.SUPPRESS,
+                                             help=f"{f.metadata.get('help', '')} (default: {f.default})")
         choices = _choices(tp)
         if choices is not None:
             kwargs["choices"] = choices

@@ -75,8 +75,13 @@ def require(model: nn.Module, protocol: type, engine: str, need: str, zoo: str) 
         )
 
 
+class RecurrentModel(Protocol):
+    recurrent_layers: Sequence[nn.Module]  # RecurrentLayer modules, bottom to top
+
+
 @contextlib.contextmanager
-def recurrent_forwards(model: nn.Module, make_forward: Callable[[int, nn.Module], Callable]) -> Iterator[nn.Module]:
+def recurrent_forwards(model: RecurrentModel,
+                       make_forward: Callable[[int, nn.Module], Callable]) -> Iterator[RecurrentModel]:
     """Within the context, layer i of ``model.recurrent_layers`` runs ``make_forward(i, layer)``
     instead of its own forward (an instance attribute, removed on exit, even on error); the
     model's own forward, residuals and head are untouched and no Parameter is replaced."""

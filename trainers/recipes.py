@@ -20,6 +20,7 @@ Sources (``../shared/papers`` summarises each):
 * Highway-BP: Fagnou et al., ICLR 2025, Table 4 (ResNets, GPT-2) and App. C.1 (dsf.md, highway_bp.md §10).
 * FOTON: Caillon et al., ECAI 2025, the authors' default run config (foton.md §4.1).
 * PEPITA: Srinivasan et al., ICLR 2024, the authors' code (foton.md §2.2).
+* FA, DFA: no setting published with the FOTON paper's table; the project default, to be tuned.
 * measured: this project's runs (BENCHMARKS.md), where no paper states a setting.
 """
 
@@ -40,6 +41,8 @@ HIGHWAY_T4 = "Highway-BP paper, Table 4 (arXiv 2501.17086; highway_bp.md §10)"
 HIGHWAY_C1 = "Highway-BP paper, App. C.1: Adam 1e-3 for most models (highway_bp.md §10)"
 FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668 code; foton.md §4.1)"
 PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (foton.md §2.2)"
+FEEDBACK_DEFAULT = ("project default (Adam 1e-3, batch 64): the FOTON paper reports FA and DFA without their settings; "
+                    "compare.py --tune searches around it")
 MEASURED = "measured: the project default (Adam 1e-3, batch 64; BENCHMARKS.md default comparison), no paper setting"
 
 
@@ -88,6 +91,8 @@ RECIPES: list[Recipe] = [
            _same(FOTON_CODE, temperature=1.0)),
     Recipe("pepita", (), _same(PEPITA_CODE, optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=0.0, batch_size=64),
            _same(PEPITA_CODE, variant="iclr2024", feedback_scale=0.05)),
+    *(Recipe(t, (), _same(FEEDBACK_DEFAULT, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64))
+      for t in ("fa", "dfa")),
     Recipe("backprop", (), _ADAM_1E3),
 ]
 

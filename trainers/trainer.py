@@ -160,13 +160,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.params, cfg)
         self.scheduler = None
         self.step = 0
-        self.saved_step = None  # step of the last checkpoint written or resumed from
+        self.saved_step: int | None = None  # step of the last checkpoint written or resumed from
         self.changes: list[dict] = []  # options changed at resumes (``rundir.check_resume``)
         self.finished_before = False  # fit(resume=True) found the run finished: it wrote nothing
-        self.best = None  # {"step", "val": {...}, "state": state_dict}
+        self.best: dict | None = None  # {"step", "val": {...}, "state": state_dict}
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
-        self._order = None  # (epoch, permutation of the training rows)
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation of the training rows)
         last = len(task.train) % self.global_batch
         if 0 < last < self.parallel.world_size:
             raise ConfigError(
@@ -297,9 +297,12 @@ class Trainer:
         ``"lr"``) that may differ from it, applied from the resumed step on and recorded
         in ``result.json``.
         """
-        if (epochs is None) == (steps is None):
+        if steps is not None and epochs is None:
+            total = steps
+        elif epochs is not None and steps is None:
+            total = epochs * self.steps_per_epoch()
+        else:
             raise ConfigError("give exactly one of epochs or steps")
-        total = steps if steps is not None else epochs * self.steps_per_epoch()
         if total < 1:
             raise ConfigError(f"the run must have at least one step, got {total}")
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total)
@@ -341,12 +344,12 @@ class Trainer:
         else:
             seed_everything(cfg.seed)
         self.parallel.broadcast_module(self.model)  # one replica, whatever each rank initialised
-        writes = self.run_dir is not None and self.parallel.is_main
+        run_dir = self.run_dir if self.parallel.is_main else None  # rank 0 writes
         try:
-            if writes and resuming:
+            if run_dir is not None and resuming:
                 for stale in ("result.json", "failed.json"):  # records of the shorter run this one continues
-                    (self.run_dir / stale).unlink(missing_ok=True)
-            logger = RunLogger(self.run_dir, resume_step=self.step if resuming else None) if writes else None
+                    (run_dir / stale).unlink(missing_ok=True)
+            logger = RunLogger(run_dir, resume_step=self.step if resuming else None) if run_dir is not None else None
         except OSError as err:
             raise RunWriteError(self._write_failure(err)) from None
         eval_every = cfg.eval_every or self.steps_per_epoch()
@@ -407,8 +410,8 @@ class Trainer:
             if type(err) is KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted at step {self.step}, {self._kept()}; {spell('resume')} "
                                      f"continues the run") from None
-            if isinstance(err, DistributedError) and self.saved_step is not None:
-                raise DistributedError(f"{err}; the last checkpoint is {self.files.checkpoint}") from None
+            if isinstance(err, DistributedError) and self._last_checkpoint() is not None:
+                raise DistributedError(f"{err}; the last checkpoint is {self._last_checkpoint()}") from None
             raise
         finally:
             progress.close()
@@ -426,13 +429,19 @@ class Trainer:
         where = err.filename or self.run_dir
         return f"cannot write {where}: {err.strerror or err}; training stopped at step {self.step}, {self._kept()}"
 
+    def _last_checkpoint(self) -> Path | None:
+        """The newest checkpoint this run wrote or resumed from (None: there is none)."""
+        return self.files.checkpoint if self.files is not None and self.saved_step is not None else None
+
     def _kept(self) -> str:
-        return (f"the last checkpoint (step {self.saved_step}) is kept at {self.files.checkpoint}"
-                if self.saved_step is not None else "no checkpoint was written")
+        last = self._last_checkpoint()
+        if last is None:
+            return "no checkpoint was written"
+        return f"the last checkpoint (step {self.saved_step}) is kept at {last}"
 
     def _write_result(self, report: dict, logger) -> None:
         """Rank 0 of a run with a directory: the test record, the HParams session and ``result.json``."""
-        if logger is None:
+        if logger is None or self.run_dir is None:
             return
         if report["test"] is not None:
             logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
@@ -454,7 +463,8 @@ class Trainer:
         out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
         loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item())
         if not math.isfinite(loss):
-            kept = f", last good checkpoint kept at {self.files.checkpoint}" if self.saved_step is not None else ""
+            last = self._last_checkpoint()
+            kept = f", last good checkpoint kept at {last}" if last is not None else ""
             raise NonFiniteLossError(f"loss is {loss} at step {self.step}; training stopped{kept}")
         if self.cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
@@ -499,15 +509,18 @@ class Trainer:
     def _final_report(self, progress: Progress) -> dict:
         """Validation of the last model, and validation + test of the best validation model, on whole splits."""
         final_val = self._evaluate("val", progress, model="last model")
+        if self.best is None:  # a run resumed at its end from a checkpoint written before any evaluation
+            self.best = {"step": self.step, "val": final_val, "state": copy.deepcopy(self.model.state_dict())}
+        chosen = self.best
         last_state = copy.deepcopy(self.model.state_dict())
-        self.model.load_state_dict(self.best["state"])
-        best = f"best model, step {self.best['step']}"
+        self.model.load_state_dict(chosen["state"])
+        best = f"best model, step {chosen['step']}"
         # selected on a fixed subset (eval_batches): measure the best model on the whole split too
         if self.eval_rows is None:
-            best_val = self.best["val"]
+            best_val = chosen["val"]
         else:  # the last model is the best one when it was selected last: no second pass
-            best_val = final_val if self.best["step"] == self.step else self._evaluate("val", progress, model=best)
+            best_val = final_val if chosen["step"] == self.step else self._evaluate("val", progress, model=best)
         test = self._evaluate("test", progress, model=best) if self.evaluate_test else None
         self.model.load_state_dict(last_state)
-        return {"steps": self.step, "best_step": self.best["step"], "best_val": best_val,
+        return {"steps": self.step, "best_step": chosen["step"], "best_val": best_val,
                 "final_val": final_val, "test": test}

