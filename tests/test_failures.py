@@ -472,14 +472,19 @@ def test_two_processes_started_together_on_one_run_directory(resume, tmp_path):
     assert steps == list(range(1, 1501))
 
 
-def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+def fail_at_step(monkeypatch, step: int, error: BaseException) -> None:
+    """The Trainer's training step raises ``error`` at ``step`` (and runs normally otherwise)."""
     real = trainer_module.Trainer._train_step
 
-    def interrupted_at_5(self, x, y):
-        if self.step == 5:
-            raise KeyboardInterrupt
+    def failing(self, x, y):
+        if self.step == step:
+            raise error
         return real(self, x, y)
-    monkeypatch.setattr(trainer_module.Trainer, "_train_step", interrupted_at_5)
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", failing)
+
+
+def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    fail_at_step(monkeypatch, 5, KeyboardInterrupt())
     code, err = run(capsys, *TINY, "--steps", "8", "--checkpoint-every", "2", "--logdir", tmp_path)
     assert one_error(code, err, expected_code=130) == (
         f"error: interrupted at step 5, the last checkpoint (step 4) is kept at {run_dir(tmp_path) / 'checkpoint.pt'}; "
@@ -593,14 +598,8 @@ def test_compare_and_bench_flags_are_checked_before_any_work(main, flags, expect
 
 
 def test_memory_running_out_during_training_is_one_line_exit_1(tmp_path, capsys, monkeypatch):
-    real = trainer_module.Trainer._train_step
-
-    def allocation_fails_at_3(self, x, y):
-        if self.step == 3:
-            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
-                               "memory: you tried to allocate 3221225472 bytes. Error code 12")
-        return real(self, x, y)
-    monkeypatch.setattr(trainer_module.Trainer, "_train_step", allocation_fails_at_3)
+    fail_at_step(monkeypatch, 3, RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                                              "can't allocate memory: you tried to allocate 3221225472 bytes."))
     code, err = run(capsys, *TINY, "--steps", "8", "--checkpoint-every", "2", "--logdir", tmp_path)
     assert one_error(code, err, expected_code=1) == (
         f"error: out of memory (an allocation of 3.0 GiB failed) at step 3, the last checkpoint (step 2) is kept at "
