@@ -2,6 +2,7 @@
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -12,7 +13,7 @@ __all__ = ["register_model", "build", "available"]
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
 
-def register_model(name: str):
+def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
     """Class decorator registering a zoo model under ``name``."""
 
     def decorate(cls):
@@ -29,7 +30,7 @@ def available() -> list[str]:
     return sorted(_MODELS)
 
 
-def build(name: str, **options):
+def build(name: str, **options: Any) -> nn.Module:
     """Instantiate the zoo model ``name``; unknown names or options raise ``ModelConfigError``."""
     try:
         cls = _MODELS[name]

@@ -23,8 +23,9 @@ the engine's state and the RNG exactly as it found them.
 import copy
 
 import torch
+from torch import nn
 
-from trainers.engine import GradientEngine, trainable_parameters
+from trainers.engine import GradientEngine, LossFn, trainable_parameters
 from trainers.engines.backprop import Backprop
 from trainers.rng import set_torch_rng_state, torch_rng_state
 
@@ -53,7 +54,8 @@ def compare_grads(grads: dict[str, torch.Tensor], reference: dict[str, torch.Ten
     return {"global": _stats(flat, flat_ref)["cosine"], "per_param": per_param}
 
 
-def _grads_of(engine, model, inputs, targets, loss_fn, rng):
+def _grads_of(engine: GradientEngine, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn,
+              rng: dict) -> dict[str, torch.Tensor]:
     set_torch_rng_state(rng)
     engine.compute_grads(model, inputs, targets, loss_fn)
     grads = {}
@@ -65,7 +67,8 @@ def _grads_of(engine, model, inputs, targets, loss_fn, rng):
     return grads
 
 
-def gradient_agreement(model, engine: GradientEngine, inputs, targets, loss_fn) -> dict:
+def gradient_agreement(model: nn.Module, engine: GradientEngine, inputs: torch.Tensor, targets: torch.Tensor,
+                       loss_fn: LossFn) -> dict:
     """Compare ``engine``'s gradient with exact backprop on one batch (module docstring).
 
     Returns ``{"global": cos, "per_param": {name: {"cosine", "rel_error", "norm_ratio"}}}``.

@@ -69,7 +69,8 @@ class GradientEngine:
     def check(self, model: nn.Module) -> None:
         """Raise ``IncompatibleModelError`` if this engine cannot train ``model``."""
 
-    def compute_grads(self, model: nn.Module, inputs, targets, loss_fn: LossFn) -> StepOutput:
+    def compute_grads(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                      loss_fn: LossFn) -> StepOutput:
         """Fill ``p.grad`` of every trainable parameter; return the clean loss and outputs."""
         raise NotImplementedError
 

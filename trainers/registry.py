@@ -1,5 +1,8 @@
 """Engines by name: ``build_engine(name, **options)`` and ``available()``."""
 
+from collections.abc import Callable
+from typing import Any
+
 from trainers.engine import GradientEngine
 from trainers.errors import ConfigError
 
@@ -8,7 +11,7 @@ __all__ = ["register_engine", "build_engine", "engine_class", "available"]
 _ENGINES: dict[str, type[GradientEngine]] = {}
 
 
-def register_engine(name: str):
+def register_engine(name: str) -> Callable[[type[GradientEngine]], type[GradientEngine]]:
     """Class decorator registering a ``GradientEngine`` subclass under ``name``."""
 
     def decorate(cls):
@@ -34,6 +37,6 @@ def engine_class(name: str) -> type[GradientEngine]:
         raise ConfigError(f"unknown trainer '{name}'; available: {', '.join(available())}") from None
 
 
-def build_engine(name: str, **options) -> GradientEngine:
+def build_engine(name: str, **options: Any) -> GradientEngine:
     """Instantiate the engine ``name`` with validated options."""
     return engine_class(name)(**options)

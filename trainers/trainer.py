@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
-from tasks.base import IGNORE_INDEX
+from tasks.base import IGNORE_INDEX, Task
 from trainers.agreement import gradient_agreement
 from trainers.checkpoint import write_text_atomic
 from trainers.config import TrainConfig
@@ -129,7 +130,7 @@ class Trainer:
             never read and the report's ``test`` is None.
     """
 
-    def __init__(self, model, engine: GradientEngine, task, *, config: TrainConfig | None = None,
+    def __init__(self, model: nn.Module, engine: GradientEngine, task: Task, *, config: TrainConfig | None = None,
                  logdir=None, experiment: str = "default", run_name: str | None = None,
                  overwrite: bool = False, meta: dict | None = None, settings: dict | None = None, clock=time.monotonic,
                  evaluate_test: bool = True, **overrides):
