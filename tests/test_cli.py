@@ -286,3 +286,38 @@ def test_compare_names_its_experiment_after_the_task(tmp_path):
                          "--logdir", str(tmp_path), "--progress", "false"]) == 0
     assert (tmp_path / "compare-teacher" / "summary.md").exists()
     assert not (tmp_path / "compare-digits").exists()
+
+
+def test_round_robin_ratios_survive_a_burst_of_load():
+    """Three steps costing 1, 2 and 0.5 units on a fake clock; the machine runs 5x slower for a
+    stretch. Timed one after another, the burst lands on one step and its ratio to backprop is off
+    by about 5x; round-robin, every ratio (the median over rounds) is exact."""
+    import torch
+
+    from trainers.bench import time_round_robin
+
+    class Machine:
+        def __init__(self):
+            self.now = 0.0
+
+        def clock(self):
+            return self.now
+
+        def work(self, cost):
+            slow = 5.0 if 40.0 <= self.now < 400.0 else 1.0  # the burst
+            self.now += cost * slow
+
+    costs = {"backprop": 1.0, "slow": 2.0, "fast": 0.5}
+    machine = Machine()
+    steps = {name: (lambda c=cost: machine.work(c)) for name, cost in costs.items()}
+    timed = time_round_robin(steps, timed=40, rounds=20, warmup=1, device=torch.device("cpu"), clock=machine.clock)
+    for name, cost in costs.items():
+        assert timed[name]["ratio_to_baseline"] == pytest.approx(cost / costs["backprop"], rel=1e-12)
+        assert timed[name]["ratio_min"] <= timed[name]["ratio_to_baseline"] <= timed[name]["ratio_max"]
+    # the same machine, one step after another: the burst distorts the ratio of the one it hits
+    machine.now = 0.0
+    sequential = {}
+    for name in costs:
+        sequential[name] = time_round_robin({name: steps[name]}, timed=40, rounds=1, warmup=1,
+                                            device=torch.device("cpu"), clock=machine.clock)[name]["step_ms"]
+    assert sequential["slow"] / sequential["backprop"] > 1.5 * costs["slow"] / costs["backprop"]

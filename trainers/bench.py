@@ -7,6 +7,14 @@ Suites, each in one process so ratios compare like with like:
   on the same MLP, same batches; rounds alternate between the two.
 * ``engines``: each trainer's step (compute_grads + optimizer step +
   orthogonality upkeep) on an MLP for each (depth, width), against backprop.
+
+In the ``engines``, ``recurrent`` and ``residual`` suites the trainers of one
+configuration are timed round-robin (``time_round_robin``): every round times one
+step of every trainer in turn (``--steps`` rounds), and the ratio to backprop is
+the median over rounds of the ratio within a round, with its min..max spread
+(``ratio_spread``), so a burst of load on the machine lands on all trainers alike
+(under a second process burning a core, every ratio stayed within 10% of idle;
+BENCHMARKS.md).
 * ``recurrent``: each trainer's step (compute_grads + Adam step) on a recurrent
   language model (``rnn_lm``) for each (depth, length), against backprop (BPTT
   through the fused nn.GRU, cuDNN on a GPU), plus ``bptt_loop``: BPTT through
@@ -179,39 +187,24 @@ def bench_overhead(*, in_features, width, depth, batch_size, n_train, steps, war
 
 def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
                   orthogonal="bjorck", orthogonal_iters=3) -> list[dict]:
-    """Step time and peak memory of each trainer on square MLPs, with ratios to backprop."""
-    rows, names = [], _backprop_first(trainers)
-    progress = _SuiteProgress("engines", len(depths) * len(widths) * len(names))
+    """Step time (compute_grads + SGD step + orthogonality upkeep, round-robin against backprop)
+    and peak memory of each trainer on square MLPs."""
+    rows = []
+    progress = _SuiteProgress("engines", len(depths) * len(widths) * len(_backprop_first(trainers)))
     for depth in depths:
         for width in widths:
             gen = torch.Generator().manual_seed(0)
             x = torch.randn(batch_size, width, generator=gen).to(device)
             y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
-            base = None
-            for name in names:
-                torch.manual_seed(0)
-                model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
-                                     activation=activation, orthogonal=orthogonal,
-                                     orthogonal_iters=orthogonal_iters).to(device)
-                engine = engine_from_spec(name)
-                engine.check(model)
-                opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-                step = _training_step(engine, model, x, y, F.cross_entropy, opt, after=project_)
-                ms = 1e3 * _time_steps(step, steps, warmup, device)
-                progress(f"{name} depth {depth} width {width}", ms)
-                step_mem = peak_step_memory_mb(step, device)
-                # the gradient computation alone, grads freed first: activations + new grads + temporaries
-                model.zero_grad(set_to_none=True)
-                grads_mem = peak_step_memory_mb(functools.partial(engine.compute_grads, model, x, y, F.cross_entropy),
-                                                device)
-                grad_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-                if name == "backprop":
-                    base = (ms, grads_mem)
-                rows.append({"suite": "engines", "trainer": name, "depth": depth, "width": width,
-                             "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}",
-                             "step_ms": ms, "ratio_to_backprop": ms / base[0], "step_peak_mb": step_mem,
-                             "grad_bytes_mb": grad_mb, "grads_peak_mb": grads_mem,
-                             "grads_peak_ratio_to_backprop": grads_mem / base[1]})
+            build = functools.partial(models.build, "mlp", in_features=width, out_features=10, depth=depth,
+                                      width=width, activation=activation, orthogonal=orthogonal,
+                                      orthogonal_iters=orthogonal_iters)
+            for row in _time_trainers(trainers, build, x, y, F.cross_entropy, device, steps, warmup,
+                                      progress, f"depth {depth} width {width}", after=project_,
+                                      optimizer=functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9),
+                                      step_memory=True):
+                rows.append({"suite": "engines", "trainer": row.pop("trainer"), "depth": depth, "width": width,
+                             "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}", **row})
     return rows
 
 
@@ -246,41 +239,80 @@ def _training_step(engine, model, x, y, loss_fn, opt, after=None):
     return step
 
 
-def _time_steps(step, steps, warmup, device) -> float:
-    """Median seconds of ``step()`` over ``steps`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, device, clock=time.perf_counter) -> dict:
+    """Time every ``steps[name]()`` interleaved: ``rounds`` rounds, each timing a block of
+    ``timed // rounds`` (at least 1) calls of every step in turn, the order rotated every round,
+    after ``warmup`` calls of each. The first name is the baseline.
+
+    Returns ``{name: {"step_ms": median over all timed calls, "ratio_to_baseline": median over
+    rounds of (this block's median / the baseline's block median in the same round), "ratio_min",
+    "ratio_max"}}``. A burst of load slows every step of the rounds it covers alike, so the
+    median ratio survives it; timing one step after another would put it on one of them.
+    """
+    names = list(steps)
+    for name in names:
+        for _ in range(warmup):
+            steps[name]()
+    per_round = max(1, timed // rounds)
+    times = {name: [] for name in names}  # per round: the block's call times
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            block = []
+            for _ in range(per_round):
+                _sync(device)
+                t0 = clock()
+                steps[name]()
+                _sync(device)
+                block.append(clock() - t0)
+            times[name].append(block)
+    base = [statistics.median(block) for block in times[names[0]]]
+    out = {}
+    for name in names:
+        ratios = [statistics.median(block) / b for block, b in zip(times[name], base, strict=True)]
+        out[name] = {"step_ms": 1e3 * statistics.median(t for block in times[name] for t in block),
+                     "ratio_to_baseline": statistics.median(ratios), "ratio_min": min(ratios),
+                     "ratio_max": max(ratios)}
+    return out
 
 
-def _time_trainers(names, build_model, x, y, loss_fn, device, steps, warmup, progress, label) -> list[dict]:
-    """Step time (compute_grads + Adam) and compute_grads peak memory of each trainer spec on a
-    fresh ``build_model()`` (same seed), with ratios to backprop (always run first); one
-    ``progress`` line per trainer, ``label`` naming the configuration."""
-    rows, base = [], None
-    for name in _backprop_first(names):
+def _timing_row(timing: dict, peak: float, base_peak: float) -> dict:
+    return {"step_ms": timing["step_ms"], "ratio_to_backprop": timing["ratio_to_baseline"],
+            "ratio_spread": f"{timing['ratio_min']:.3g}..{timing['ratio_max']:.3g}",
+            "speedup_over_backprop": 1 / timing["ratio_to_baseline"], "grads_peak_mb": peak,
+            "peak_ratio_to_backprop": peak / base_peak}
+
+
+def _time_trainers(names, build_model, x, y, loss_fn, device, steps, warmup, progress, label,
+                   optimizer=None, after=None, step_memory=False) -> list[dict]:
+    """Step time (compute_grads + optimizer step + ``after``) of each trainer spec on a fresh
+    ``build_model()`` (same seed), round-robin against backprop, one step of each per round
+    (``time_round_robin`` with ``steps`` rounds), then the
+    peak memory of each one's ``compute_grads`` (and, with ``step_memory``, of its whole step and
+    the bytes of its gradients); one ``progress`` line per trainer, ``label`` naming the
+    configuration. ``optimizer(params)``: Adam 1e-3 unless given."""
+    names = _backprop_first(names)
+    setups, step_fns = {}, {}
+    for name in names:
         torch.manual_seed(0)
         model = build_model().to(device)
         engine = _LoopBPTT() if name == "bptt_loop" else engine_from_spec(name)
         engine.check(model)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        ms = 1e3 * _time_steps(_training_step(engine, model, x, y, loss_fn, opt), steps, warmup, device)
-        progress(f"{name} {label}", ms)
+        opt = (optimizer or functools.partial(torch.optim.Adam, lr=1e-3))(model.parameters())
+        setups[name] = (model, engine)
+        step_fns[name] = _training_step(engine, model, x, y, loss_fn, opt, after=after)
+    timings = time_round_robin(step_fns, timed=steps, rounds=steps, warmup=warmup, device=device)
+    peaks, extra = {}, {}
+    for name, (model, engine) in setups.items():
+        progress(f"{name} {label}", timings[name]["step_ms"])
+        if step_memory:
+            extra[name] = {"step_peak_mb": peak_step_memory_mb(step_fns[name], device),
+                           "grad_bytes_mb": sum(p.numel() * p.element_size() for p in model.parameters()
+                                                if p.requires_grad) / 2**20}
+        # the gradient computation alone, grads freed first: activations + new grads + temporaries
         model.zero_grad(set_to_none=True)
-        peak = peak_step_memory_mb(functools.partial(engine.compute_grads, model, x, y, loss_fn), device)
-        if name == "backprop":
-            base = (ms, peak)
-        rows.append({"trainer": name, "step_ms": ms, "ratio_to_backprop": ms / base[0],
-                     "speedup_over_backprop": base[0] / ms, "grads_peak_mb": peak,
-                     "peak_ratio_to_backprop": peak / base[1]})
-    return rows
+        peaks[name] = peak_step_memory_mb(functools.partial(engine.compute_grads, model, x, y, loss_fn), device)
+    return [{"trainer": name, **_timing_row(timings[name], peaks[name], peaks[names[0]]), **extra.get(name, {})}
+            for name in names]
 
 
 def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, vocab, steps, warmup, device,

@@ -446,7 +446,9 @@ def bench_main(argv=None) -> int:
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (all trainers alike)")
     parser.add_argument("--orthogonal", default="bjorck", help="orthogonality of the engines-suite MLP (or none)")
     parser.add_argument("--orthogonal-iters", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps (per round for overhead; >= 20)")
+    parser.add_argument("--steps", type=int, default=30,
+                        help="timed steps per trainer, interleaved: each round one step of every trainer, ratios "
+                             "are medians over rounds (engines, recurrent, residual); per round for overhead; >= 20")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (overhead suite)")
     parser.add_argument("--device", default="cpu")
