@@ -75,25 +75,29 @@ def output_error(y, targets, loss_fn, temperature: float = 1.0) -> torch.Tensor:
     return grad * (y.shape[0] / temperature)
 
 
-def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int) -> None:
-    """Overwrite the grads of ``layer``'s parameters with (1/B) sum delta presynaptic^T.
+def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: float = 1.0) -> None:
+    """Overwrite the grads of ``layer``'s parameters with (scale/B) sum delta presynaptic^T.
 
-    ``nn.Linear`` (or a layer wrapping one as ``.linear``): closed form, then routed
-    into the trainable tensor (``route_weight_grad``). Other linear layers: one
-    local VJP of <delta, layer(presynaptic)> / B with respect to the layer's own
-    parameters (its bias gets sum(delta) / B the same way).
+    ``nn.Linear`` (or a layer wrapping one as ``.linear``): closed form, one GEMM with
+    the factor scale/B folded in (a separate division of the weight-sized result cost
+    as much as the product at width 1024), then routed into the trainable tensor
+    (``route_weight_grad``). Other linear layers: one local VJP of
+    <delta, layer(presynaptic)> scale/B with respect to the layer's own parameters
+    (its bias gets scale sum(delta) / B the same way).
     """
+    alpha = scale / batch
     linear = linear_part(layer)
     if linear is not None:
         d = delta.reshape(batch, -1)  # (B, d_out)
-        route_weight_grad(linear, d.T @ presynaptic.reshape(batch, -1) / batch)  # (d_out, d_in)
+        G = torch.addmm(d.new_zeros(()), d.T, presynaptic.reshape(batch, -1), beta=0, alpha=alpha)  # (d_out, d_in)
+        route_weight_grad(linear, G)
         if linear.bias is not None:
-            linear.bias.grad = d.sum(0) / batch
+            linear.bias.grad = d.sum(0).mul_(alpha)
         return
     params = [p for p in layer.parameters() if p.requires_grad]
     with torch.enable_grad():
         out = layer(presynaptic.detach())
-        grads = torch.autograd.grad(out, params, grad_outputs=delta / batch, allow_unused=True)
+        grads = torch.autograd.grad(out, params, grad_outputs=delta * alpha, allow_unused=True)
     write_grads(params, grads)
 
 
@@ -166,7 +170,7 @@ class ModulatedForward(GradientEngine):
                 previous = h
                 h = model.act(dropout(layer(h)))  # h~_l
                 presynaptic = previous if self.modulated_presynaptic else clean[i]
-                write_layer_grads(layer, presynaptic, (clean[i + 1] - h) / s, batch)
+                write_layer_grads(layer, presynaptic, clean[i + 1] - h, batch, scale=1 / s)
             # output layer
             err = output_error(layers[-1](h), targets, loss_fn, T) if self.modulated_output_error else e
             write_layer_grads(layers[-1], h if self.modulated_presynaptic else clean[-1], err, batch)

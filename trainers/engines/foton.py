@@ -159,7 +159,7 @@ class Foton(ModulatedForward):
                 for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
                     with dropout.shared_mask():
                         h_next, h_mod = model.act(dropout(layer(h))), model.act(dropout(layer(h_mod)))
-                    write_layer_grads(layer, h, (h_next - h_mod) / s, batch)
+                    write_layer_grads(layer, h, h_next - h_mod, batch, scale=1 / s)
                     h = h_next
             write_layer_grads(layers[-1], h, e, batch)
             loss = loss_fn(y, targets)
