@@ -11,7 +11,7 @@ from models.errors import ModelConfigError
 from models.language_model import RecurrentBlockLM, RecurrentLM
 from models.mlp import MLP
 from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
-from models.registry import available, build, register_model
+from models.registry import available, build, register_model, takes_option
 from models.residual_mlp import ResidualMLP
 from models.resnet import ResNet
 from models.transformer import GPT
@@ -45,4 +45,5 @@ __all__ = [
     "frozen_masks",
     "orthogonal",
     "register_model",
+    "takes_option",
 ]

@@ -1,4 +1,5 @@
-"""Models by name: ``build(name, **options)`` and ``available()``."""
+"""Models by name: ``build(name, **options)`` and ``available()``; a name ``FILE.py:NAME`` or
+``MODULE:NAME`` builds a user's model instead (``models.user``)."""
 
 import inspect
 from collections.abc import Callable
@@ -7,8 +8,9 @@ from typing import Any
 from torch import nn
 
 from models.errors import ModelConfigError
+from models.user import accepts, build_reference, is_reference, load_reference
 
-__all__ = ["register_model", "build", "available"]
+__all__ = ["register_model", "build", "available", "takes_option"]
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
@@ -30,12 +32,25 @@ def available() -> list[str]:
     return sorted(_MODELS)
 
 
-def build(name: str, **options: Any) -> nn.Module:
-    """Instantiate the zoo model ``name``; unknown names or options raise ``ModelConfigError``."""
+def _zoo_class(name: str) -> Callable[..., nn.Module]:
     try:
-        cls = _MODELS[name]
+        return _MODELS[name]
     except KeyError:
-        raise ModelConfigError(f"unknown model '{name}'; available: {', '.join(available())}") from None
+        raise ModelConfigError(f"unknown model '{name}'; available: {', '.join(available())}, or your own as "
+                               "FILE.py:CLASS or MODULE:FACTORY") from None
+
+
+def takes_option(name: str, option: str) -> bool:
+    """Whether the model ``name`` (zoo or reference) takes the keyword ``option``."""
+    return accepts(load_reference(name) if is_reference(name) else _zoo_class(name), option)
+
+
+def build(name: str, **options: Any) -> nn.Module:
+    """Instantiate the zoo model ``name`` (or the user's model a reference names, ``models.user``);
+    unknown names or options raise ``ModelConfigError``."""
+    if is_reference(name):
+        return build_reference(name, **options)
+    cls = _zoo_class(name)
     accepted = [p for p in inspect.signature(cls).parameters if p != "self"]
     unknown = sorted(set(options) - set(accepted))
     if unknown:

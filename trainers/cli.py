@@ -122,7 +122,12 @@ def base_parser(description: str) -> argparse.ArgumentParser:
               f"models:   {', '.join(models.available())}\n"
               f"tasks:    {', '.join(tasks.available())}")
     parser = OneLineParser(description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="mlp", help=f"zoo model: {', '.join(models.available())} (default: mlp)")
+    parser.add_argument("--model", default="mlp",
+                        help=f"zoo model: {', '.join(models.available())} (default: mlp); or your own, "
+                             "path/to/file.py:ClassName or package.module:factory (with --model-option)")
+    parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the model's constructor, e.g. --model-option hidden=128 (repeatable; "
+                             "Python literals, else strings)")
     parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
@@ -203,9 +208,16 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed,
                            **parse_key_values(args.task_option, "--task-option"))
     model_options = {name[len("model_"):]: _model_value(name[len("model_"):], value)
-                     for name, value in vars(args).items() if name.startswith("model_") and name != "model_"}
-    model_options.setdefault("in_features", task.in_features)
-    model_options.setdefault("out_features", task.num_outputs)
+                     for name, value in vars(args).items()
+                     if name.startswith("model_") and name not in ("model_", "model_option")}
+    extra = parse_key_values(args.model_option, "--model-option")
+    twice = sorted(set(extra) & set(model_options))
+    if twice:
+        raise ConfigError(f"--model-option {twice[0]} repeats --{twice[0].replace('_', '-')}; give it once")
+    model_options.update(extra)
+    for key, value in (("in_features", task.in_features), ("out_features", task.num_outputs)):
+        if key not in model_options and models.takes_option(args.model, key):  # the task's sizes, if it takes them
+            model_options[key] = value
     # geotorch's parametrizations cannot initialise on the meta device; the plain layer has their parameter count
     estimate_options = {**model_options, "orthogonal": None} if model_options.get("orthogonal") in ("expm", "cayley") \
         else model_options

@@ -1,0 +1,110 @@
+"""Your own model by reference: ``path/to/file.py:ClassName`` or ``package.module:factory``.
+
+``models.build`` accepts such a reference wherever it accepts a zoo name, so a
+model written outside the zoo gets the CLI, the comparison, checkpoints and
+resume like a zoo model:
+
+    python scripts/train.py --model my_models.py:Net --model-option hidden=128
+    models.build("torch.nn:Linear", in_features=64, out_features=10)
+
+The object named is called with the options; it must return an ``nn.Module``.
+Its constructor's parameters say which options it takes: ``in_features`` and
+``out_features`` (the task's) are passed only to a callable that accepts them.
+A file is imported once per process, under a name derived from its path.
+Every failure (no such file, no such name, an import or constructor error, an
+unknown option, not a module) is one ``ModelConfigError`` line.
+"""
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from models.errors import ModelConfigError
+
+__all__ = ["is_reference", "load_reference", "build_reference", "accepts"]
+
+
+def is_reference(name: str) -> bool:
+    """Whether ``name`` names a user's model (``file.py:Name`` or ``module:name``), not a zoo model."""
+    return ":" in name
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise ModelConfigError(f"model file {path} does not exist")
+    name = "gradengines_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelConfigError(f"model file {path} cannot be imported (not a Python file)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise ModelConfigError(f"model file {path} failed to import: {_one_line(err)}") from None
+    return module
+
+
+def load_reference(reference: str) -> Callable[..., Any]:
+    """The class or factory ``reference`` names (``file.py:Name`` or ``package.module:name``)."""
+    where, _, attr = reference.rpartition(":")
+    if not where or not attr:
+        raise ModelConfigError(f"a model reference is FILE.py:NAME or MODULE:NAME, got {reference!r}")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        module = _import_file(Path(where))
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as err:
+            raise ModelConfigError(f"model module '{where}' cannot be imported: {_one_line(err)}") from None
+    target = getattr(module, attr, None)
+    if target is None or not callable(target):
+        defined = sorted(n for n, v in vars(module).items()
+                         if not n.startswith("_") and isinstance(v, type) and issubclass(v, nn.Module))
+        raise ModelConfigError(f"'{where}' has no model class or factory '{attr}'"
+                               + (f"; its nn.Module classes: {', '.join(defined)}" if defined else ""))
+    return target
+
+
+def accepts(target: Callable[..., Any], option: str) -> bool:
+    """Whether ``target`` takes the keyword ``option`` (named, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def build_reference(reference: str, **options: Any) -> nn.Module:
+    """Call the object ``reference`` names with ``options``; one-line errors (module docstring)."""
+    target = load_reference(reference)
+    unknown = sorted(k for k in options if not accepts(target, k))
+    if unknown:
+        try:
+            accepted = [p for p in inspect.signature(target).parameters if p != "self"]
+        except (TypeError, ValueError):
+            accepted = []
+        raise ModelConfigError(f"model '{reference}' has no option {', '.join(unknown)}; accepted: "
+                               f"{', '.join(accepted) or 'none'}")
+    try:
+        model = target(**options)
+    except Exception as err:
+        raise ModelConfigError(f"model '{reference}' could not be built with {options}: {_one_line(err)}") from None
+    if not isinstance(model, nn.Module):
+        raise ModelConfigError(f"model '{reference}' returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
