@@ -131,3 +131,54 @@ def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, ca
     assert compare_main(["--model", f"{user_file}:Net", "--trainers", "foton", "--steps", "5", "--seeds", "0",
                          "--logdir", str(tmp_path / "other"), "--progress", "false"]) == 2
     assert "trainer 'foton' needs" in capsys.readouterr().err
+
+
+def test_the_installed_package_runs_its_console_commands_from_another_directory(user_file, tmp_path):
+    """`pip install .` into a fresh virtual environment (reusing this one's torch and other dependencies
+    through a .pth file, so nothing is downloaded) gives `gradengines train|compare|bench|table`, which
+    run from an unrelated directory on a user's model file, importing the installed copy."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"  # pip builds in the tree it is given: a copy keeps the checkout clean
+    shutil.copytree(root, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "bench_out", "build", "docs",
+                                                                "*.egg-info", "__pycache__", ".*_cache", "tests"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "reuse_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--no-index", str(source)], check=True, capture_output=True)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    shutil.copy(user_file, work / "user_models.py")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+
+    def gradengines(*args):
+        return subprocess.run([venv / "bin" / "gradengines", *args], cwd=work, env=env, capture_output=True, text=True)
+
+    where = subprocess.run([python, "-c", "import trainers; print(trainers.__file__)"], cwd=work, env=env,
+                           capture_output=True, text=True).stdout
+    assert where.startswith(str(venv))
+    quiet = ["--progress", "false", "--logdir", "runs"]
+    done = gradengines("train", "--model", "user_models.py:Net", "--model-option", "hidden=8", "--steps", "5", *quiet)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["steps"] == 5
+    done = gradengines("compare", "--model", "user_models.py:Net", "--steps", "3", "--seeds", "0", *quiet)
+    assert done.returncode == 0, done.stderr
+    table = gradengines("table", "runs")
+    assert table.returncode == 0 and table.stdout.startswith("| experiment | backprop |")
+    bench = gradengines("bench", "--suite", "scan", "--lengths", "8", "--steps", "20", "--out", "b")
+    assert bench.returncode == 0 and (work / "b" / "bench.json").exists(), bench.stderr
+    refused = gradengines()
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "error: give a command; gradengines {train,compare,bench,table} [--help | OPTIONS]"]
+    usage = gradengines("train", "--epoch", "1")
+    assert usage.returncode == 2 and usage.stderr.splitlines() == [
+        "error: unrecognized arguments: --epoch 1 (see gradengines train --help)"]

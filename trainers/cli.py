@@ -46,8 +46,8 @@ from trainers.rng import seed_everything
 from trainers.trainer import Trainer
 from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 
-__all__ = ["train_main", "compare_main", "bench_main", "base_parser", "build_from_args", "run_cli",
-           "DEFAULT_COMPARISON", "Setup", "OneLineParser"]
+__all__ = ["train_main", "compare_main", "bench_main", "table_main", "main", "console", "base_parser",
+           "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup", "OneLineParser"]
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
@@ -116,12 +116,13 @@ def _model_value(name, text):
     return text
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """Flags shared by train and compare: task, model, training options, engine options."""
     epilog = (f"trainers: {', '.join(available())}\n"
               f"models:   {', '.join(models.available())}\n"
               f"tasks:    {', '.join(tasks.available())}")
-    parser = OneLineParser(description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog=prog, description=description, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp",
                         help=f"zoo model: {', '.join(models.available())} (default: mlp); or your own, "
                              "path/to/file.py:ClassName or package.module:factory (with --model-option)")
@@ -275,9 +276,10 @@ def run_cli(main) -> int:
     return code
 
 
-def train_main(argv=None) -> int:
+def train_main(argv=None, prog: str | None = None) -> int:
     """``scripts/train.py``: train one model with one trainer."""
-    parser = base_parser("Train a zoo model on a task with one gradient engine.")
+    parser = base_parser("Train a zoo model (or your own, --model FILE.py:CLASS) on a task with one gradient engine.",
+                         prog)
     parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
     parser.add_argument("--experiment", default="train", help="experiment folder under --logdir (default: train)")
     add_settings_flag(parser, default="shared")
@@ -353,12 +355,12 @@ def _mlp_trainers() -> list[str]:
     return [name for name in available() if compatible(name, mlp)]
 
 
-def compare_main(argv=None) -> int:
+def compare_main(argv=None, prog: str | None = None) -> int:
     """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = base_parser("Train several gradient engines on the same model, task and seeds; "
                          "write TensorBoard runs, summary.md and comparison.png. "
-                         "With no arguments, runs the default comparison on digits.")
+                         "With no arguments, runs the default comparison on digits.", prog)
     parser.add_argument("--trainers", default=None,
                         help="comma list of trainers (default: every trainer compatible with the model)")
     parser.add_argument("--seeds", help="comma list of seeds")
@@ -432,11 +434,11 @@ def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) ->
     return records
 
 
-def bench_main(argv=None) -> int:
+def bench_main(argv=None, prog: str | None = None) -> int:
     """``scripts/bench.py``: step time and peak memory, as ratios to backprop, JSON + Markdown."""
     from trainers import bench
 
-    parser = OneLineParser(description="Benchmark step time (median) and peak memory per trainer.")
+    parser = OneLineParser(prog=prog, description="Benchmark step time (median) and peak memory per trainer.")
     parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "all"],
                         default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
@@ -517,3 +519,58 @@ def bench_main(argv=None) -> int:
         print(bench.write_results(rows, args.out, bench.machine_description(device), command.strip()))
 
     return run_cli(main)
+
+
+def table_main(argv=None, prog: str | None = None) -> int:
+    """``scripts/table.py``: the result.json files below a folder as one Markdown table (and a figure)."""
+    from trainers.compare import collect_results, pivot_cells, pivot_table
+
+    parser = OneLineParser(prog=prog, description="Gather the result.json files of many runs into one Markdown "
+                                                  "table: rows are experiment folders, columns run names, cells "
+                                                  "mean ± std over seeds (count).")
+    parser.add_argument("root")
+    parser.add_argument("--value", choices=["test", "best_val", "final_val"], default="test")
+    parser.add_argument("--columns", default=None, help="comma list of run names, in order")
+    parser.add_argument("--plot", default=None, help="also write a PNG: one panel per experiment, metric per run")
+    args = parser.parse_args(argv)
+
+    def main():
+        rows = collect_results(args.root)
+        if not rows:
+            raise DataError(f"no result.json below {args.root}")
+        columns = args.columns.split(",") if args.columns else None
+        print(pivot_table(rows, value=args.value, columns=columns), end="")
+        if args.plot:
+            from trainers.plots import plot_runs
+
+            cells, experiments, runs = pivot_cells(rows, value=args.value, columns=columns)
+            plot_runs(cells, experiments, runs, f"{args.value} {rows[0]['metric']}", args.plot)
+            print(f"figure: {args.plot}")
+
+    return run_cli(main)
+
+
+COMMANDS = {"train": train_main, "compare": compare_main, "bench": bench_main, "table": table_main}
+
+
+def main(argv=None) -> int:
+    """``gradengines COMMAND ...``: the scripts as one installed command (``pip install .``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    usage = f"usage: gradengines {{{','.join(COMMANDS)}}} [--help | OPTIONS]"
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage + "\n\n  train    train one model with one trainer\n  compare  several trainers, same model, task "
+              "and seeds\n  bench    step time and memory against backprop\n  table    result.json files as one "
+              "Markdown table\n\n'gradengines COMMAND --help' lists the options of each.")
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        what = f"unknown command '{argv[0]}'" if argv else "give a command"
+        print(f"error: {what}; {usage[len('usage: '):]}", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:], prog=f"gradengines {argv[0]}")
+
+
+def console() -> None:
+    """The ``gradengines`` console script: ``main``, then ``exit_process`` (``torchrun`` safe)."""
+    from trainers.distributed import exit_process
+
+    exit_process(main())
