@@ -14,6 +14,7 @@ from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
 from models.registry import available, build, register_model, takes_option
 from models.residual_mlp import ResidualMLP
 from models.resnet import ResNet
+from models.sequential import SequentialStack, layer_stack
 from models.transformer import GPT
 
 register_model("mlp")(MLP)
@@ -46,4 +47,6 @@ __all__ = [
     "orthogonal",
     "register_model",
     "takes_option",
+    "layer_stack",
+    "SequentialStack",
 ]

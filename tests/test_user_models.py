@@ -182,3 +182,85 @@ def test_the_installed_package_runs_its_console_commands_from_another_directory(
     usage = gradengines("train", "--epoch", "1")
     assert usage.returncode == 2 and usage.stderr.splitlines() == [
         "error: unrecognized arguments: --epoch 1 (see gradengines train --help)"]
+
+
+# ------------------------------------------------------------------ nn.Sequential as a layer stack
+def sequential(widths=(8, 6, 5, 3), act=None, dropout=0.0):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    parts = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        parts.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            if dropout:
+                parts.append(nn.Dropout(dropout))
+            parts.append(act() if act else nn.Identity())
+    return nn.Sequential(*parts).double()
+
+
+def grads_of(model, engine, x, y):
+    from tasks.base import cross_entropy_loss
+    from trainers.engine import trainable_parameters
+
+    engine.compute_grads(model, x, y, cross_entropy_loss)
+    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
+
+
+def test_foton_on_a_users_linear_narrowing_orthogonal_sequential_is_backprop():
+    import torch
+
+    import trainers
+
+    net = sequential()
+    stack = models.layer_stack(net, orthogonal="bjorck")
+    assert stack.layers == [net[0], net[2], net[4]] and stack.layers[0].weight is net[0].weight
+    x = torch.randn(16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(stack(x), net(x), rtol=0, atol=0)  # the forward is the user's
+    exact = grads_of(stack, trainers.build_engine("backprop"), x, y)
+    foton = grads_of(stack, trainers.build_engine("foton"), x, y)
+    assert set(exact) == {"sequential.0.weight", "sequential.0.bias", "sequential.2.weight", "sequential.2.bias",
+                          "sequential.4.weight", "sequential.4.bias"}
+    for name in exact:
+        torch.testing.assert_close(foton[name], exact[name], rtol=1e-10, atol=1e-12)
+
+
+def test_every_layer_stack_engine_trains_a_users_sequential_through_the_trainer():
+    """Tanh Sequential with dropout: the Trainer (projection upkeep included) updates the user's own
+    Parameters in place with FOTON, PEPITA, FA and DFA, and keeps the hidden layers orthogonal."""
+    import torch
+    from torch import nn
+
+    import tasks
+    import trainers
+    from models.orthogonal import orthogonality_error
+
+    task = tasks.build("teacher", n_train=128, in_features=8, num_classes=3)
+    for name in ("foton", "pepita", "fa", "dfa"):
+        net = sequential(widths=(8, 8, 8, 3), act=nn.Tanh, dropout=0.1).float()
+        stack = models.layer_stack(net, orthogonal="bjorck")
+        weight, before = net[0].weight, net[0].weight.detach().clone()
+        trainers.Trainer(stack, trainers.build_engine(name), task, batch_size=32, progress=False,
+                         optimizer="sgd", lr=0.05).fit(steps=4)
+        assert net[0].weight is weight and not torch.equal(weight.detach(), before), name
+        assert isinstance(net[1], models.ConsistentDropout) and net[1].p == 0.1
+        assert orthogonality_error(net[0]) < 1e-4 and orthogonality_error(net[4]) < 1e-4, name
+
+
+@pytest.mark.parametrize("build, expected", [
+    (lambda nn: nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Dropout(0.1), nn.Linear(4, 2)),
+     "sequential[2] is a dropout after the activation; put it before (h = act(drop(W h + b)))"),
+    (lambda nn: nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)),
+     "one activation class throughout, found ReLU, Tanh"),
+    (lambda nn: nn.Sequential(nn.Conv1d(1, 1, 3), nn.Tanh(), nn.Linear(4, 2)),
+     "sequential[0] is a Conv1d where an nn.Linear is expected"),
+    (lambda nn: nn.Linear(4, 2), "layer_stack needs an nn.Sequential, got Linear"),
+])
+def test_a_sequential_that_is_not_a_layer_stack_is_refused_in_one_line(build, expected):
+    from torch import nn
+
+    with pytest.raises(models.ModelConfigError) as err:
+        models.layer_stack(build(nn))
+    assert expected in str(err.value) and "\n" not in str(err.value)
