@@ -264,3 +264,24 @@ def test_a_sequential_that_is_not_a_layer_stack_is_refused_in_one_line(build, ex
     with pytest.raises(models.ModelConfigError) as err:
         models.layer_stack(build(nn))
     assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_readme_sequential_example_runs():
+    """The README's own-loop example, as written there, on digits batches."""
+    import re
+    from pathlib import Path
+
+    import torch
+    from torch import nn
+
+    import tasks
+    import trainers
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(net = nn\.Sequential.*?)```", readme, re.S).group(1)
+    task = tasks.build("digits")
+    loader = [(task.train.inputs[i:i + 64], task.train.targets[i:i + 64]) for i in range(0, 256, 64)]
+    scope = {"nn": nn, "torch": torch, "models": models, "trainers": trainers, "loader": loader}
+    exec(code, scope)  # noqa: S102 - the README's example
+    net = scope["net"]
+    assert models.orthogonal.orthogonality_error(net[0]) < 1e-4 and net[0].weight.grad is not None
