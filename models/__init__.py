@@ -11,6 +11,7 @@ from models.errors import ModelConfigError
 from models.language_model import RecurrentBlockLM, RecurrentLM
 from models.mlp import MLP
 from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
+from models.recurrent_adapter import wrap_recurrent
 from models.registry import available, build, register_model, takes_option
 from models.residual_mlp import ResidualMLP
 from models.resnet import ResNet
@@ -49,4 +50,5 @@ __all__ = [
     "takes_option",
     "layer_stack",
     "SequentialStack",
+    "wrap_recurrent",
 ]

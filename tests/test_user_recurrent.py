@@ -1,0 +1,134 @@
+"""A user's language model written with torch.nn.GRU / nn.LSTM (not the zoo's layers), wrapped in
+place by models.wrap_recurrent: its forward and Parameters unchanged, and in float64 the identities
+DSF, FT-BPTT and Highway-BP have on the zoo."""
+
+import pytest
+import torch
+from torch import nn
+
+import models
+import trainers
+from tasks.base import sequence_cross_entropy
+from trainers.engine import trainable_parameters
+
+V, E, H, T = 11, 6, 5, 7
+
+
+class GRULanguageModel(nn.Module):
+    """The way users write it: embedding, a 2-layer nn.GRU (batch_first=False), a head."""
+
+    def __init__(self, cell=nn.GRU, batch_first=False, layers=2, vocab_in=V, vocab_out=V):
+        super().__init__()
+        self.batch_first = batch_first
+        self.embedding = nn.Embedding(vocab_in, E)
+        self.rnn = cell(E, H, num_layers=layers, batch_first=batch_first)
+        self.head = nn.Linear(H, vocab_out)
+
+    def forward(self, tokens, state=None):  # tokens (B, T)
+        x = self.embedding(tokens)
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        out, _ = self.rnn(x, state)
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return self.head(out)  # (B, T, V)
+
+
+def user_model(cell=nn.GRU, batch_first=False, zero_recurrent=False, layers=2):
+    torch.manual_seed(0)
+    model = GRULanguageModel(cell, batch_first, layers).double()
+    if zero_recurrent:
+        with torch.no_grad():
+            for k in range(layers):
+                getattr(model.rnn, f"weight_hh_l{k}").zero_()
+    return model
+
+
+def batch():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, V, (3, T), generator=gen), torch.randint(0, V, (3, T), generator=gen)
+
+
+def grads(model, engine, x, y):
+    engine.compute_grads(model, x, y, sequence_cross_entropy)
+    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
+
+
+def assert_same(a, b, tol=1e-10):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=tol, atol=tol * 1e-2, msg=name)
+
+
+@pytest.mark.parametrize("cell, batch_first", [(nn.GRU, False), (nn.GRU, True), (nn.LSTM, False), (nn.LSTM, True),
+                                               (nn.RNN, False)])
+def test_wrapping_keeps_the_forward_the_parameters_and_backprop(cell, batch_first):
+    model = user_model(cell, batch_first)
+    x, y = batch()
+    before_out, before_grads = model(x), grads(model, trainers.build_engine("backprop"), x, y)
+    params, keys = [p for p in model.parameters()], list(model.state_dict())
+    assert models.wrap_recurrent(model) is model and len(model.recurrent_layers) == 2
+    assert [p for p in model.parameters()] == params and all(a is b for a, b in zip(model.parameters(), params,
+                                                                                     strict=True))
+    assert list(model.state_dict()) == keys
+    assert model.recurrent_layers[1].rnn.weight_ih_l0 is model.rnn.weight_ih_l1  # shared, not copied
+    torch.testing.assert_close(model(x), before_out, rtol=1e-12, atol=1e-12)
+    assert_same(grads(model, trainers.build_engine("backprop"), x, y), before_grads, tol=1e-12)
+    # an initial state, in the user's layout
+    h0 = torch.randn(2, 3, H, dtype=torch.float64)
+    state = (h0, torch.randn(2, 3, H, dtype=torch.float64)) if cell is nn.LSTM else h0
+    wrapped_out = model(x, state)
+    original = user_model(cell, batch_first)
+    torch.testing.assert_close(wrapped_out, original(x, state), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_tied_dsf_with_zero_recurrent_weights_is_bptt(cell):
+    """With W_hh = 0 the only path through time is the gate's (GRU: h_t = z_t h_{t-1} + ...; LSTM:
+    c_t = f_t c_{t-1} + ...): DSF with the tied feedback is exact BPTT, as on the zoo's layers."""
+    model = models.wrap_recurrent(user_model(cell, zero_recurrent=True))
+    x, y = batch()
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    assert_same(grads(model, trainers.build_engine("dsf", feedback="tied"), x, y), exact)
+
+
+def test_ftbptt_is_dsf_with_a_zero_feedback_and_differs_from_bptt():
+    model = models.wrap_recurrent(user_model())
+    x, y = batch()
+    ft = grads(model, trainers.build_engine("ftbptt"), x, y)
+    assert_same(grads(model, trainers.build_engine("dsf", feedback="constant", decay=0.0), x, y), ft)
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    assert (ft["rnn.weight_hh_l0"] - exact["rnn.weight_hh_l0"]).norm() > 1e-3 * exact["rnn.weight_hh_l0"].norm()
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_highway_over_time_with_k_at_least_T_is_bptt(cell):
+    model = models.wrap_recurrent(user_model(cell))
+    x, y = batch()
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    assert_same(grads(model, trainers.build_engine("highway", k=T), x, y), exact)
+
+
+def test_a_wrapped_model_trains_through_the_trainer_updating_the_users_parameters():
+    import tasks
+
+    task = tasks.build("copy", n_symbols=4, length=3, delay=2, n_train=64, n_val=16, n_test=16)
+    torch.manual_seed(0)
+    model = models.wrap_recurrent(GRULanguageModel(vocab_in=8, vocab_out=task.num_outputs))
+    weight, before = model.rnn.weight_hh_l1, model.rnn.weight_hh_l1.detach().clone()
+    trainers.Trainer(model, trainers.build_engine("dsf"), task, batch_size=16, progress=False).fit(steps=3)
+    assert model.rnn.weight_hh_l1 is weight and not torch.equal(weight.detach(), before)
+
+
+@pytest.mark.parametrize("module, expected", [
+    (nn.GRU(3, 4, bidirectional=True), "(GRU) is bidirectional"),
+    (nn.LSTM(3, 4, num_layers=2, dropout=0.1), "(LSTM) has dropout between its layers"),
+    (nn.LSTM(3, 4, proj_size=2), "(LSTM) projects its hidden state"),
+    (nn.RNN(3, 4, nonlinearity="relu"), "(RNN) uses ReLU"),
+    (nn.Linear(3, 4), "Linear holds no nn.GRU, nn.LSTM or nn.RNN module"),
+])
+def test_what_cannot_be_wrapped_is_refused_in_one_line(module, expected):
+    with pytest.raises(models.ModelConfigError) as err:
+        models.wrap_recurrent(nn.Sequential(module) if not isinstance(module, nn.Linear) else module)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    assert "forward" not in module.__dict__  # nothing changed
