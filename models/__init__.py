@@ -13,6 +13,7 @@ from models.mlp import MLP
 from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
 from models.recurrent_adapter import wrap_recurrent
 from models.registry import available, build, register_model, takes_option
+from models.residual_adapter import ResidualView, residual_stack
 from models.residual_mlp import ResidualMLP
 from models.resnet import ResNet
 from models.sequential import SequentialStack, layer_stack
@@ -51,4 +52,6 @@ __all__ = [
     "layer_stack",
     "SequentialStack",
     "wrap_recurrent",
+    "residual_stack",
+    "ResidualView",
 ]
