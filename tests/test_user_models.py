@@ -285,3 +285,17 @@ def test_the_readme_sequential_example_runs():
     exec(code, scope)  # noqa: S102 - the README's example
     net = scope["net"]
     assert models.orthogonal.orthogonality_error(net[0]) < 1e-4 and net[0].weight.grad is not None
+
+
+def test_the_user_bench_times_every_engine_on_user_and_zoo_models():
+    import torch
+
+    from trainers.bench import bench_user
+
+    rows = bench_user(steps=2, warmup=1, device=torch.device("cpu"), hidden=8, length=6, vocab=5, batch_size=4,
+                      width=8, depth=3)
+    assert [(r["model"].split()[0], r["trainer"]) for r in rows] == [
+        ("gru", "backprop"), ("gru", "ftbptt"), ("gru", "dsf"), ("gru", "highway:k=2"),
+        ("tanh", "backprop"), ("tanh", "foton"), ("tanh", "pepita"), ("tanh", "fa"), ("tanh", "dfa")]
+    assert all(r["user_ms"] > 0 and r["zoo_ms"] > 0 and r["user_over_zoo"] > 0 for r in rows)
+    assert all(r["user_ratio_to_backprop"] == 1 for r in rows if r["trainer"] == "backprop")

@@ -439,7 +439,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     from trainers import bench
 
     parser = OneLineParser(prog=prog, description="Benchmark step time (median) and peak memory per trainer.")
-    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "all"],
+    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "user", "all"],
                         default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,
@@ -512,6 +512,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
                 rows += bench.bench_residual(trainers=residual_names, depth=args.residual_depth, width=width,
                                              batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                                              device=device)
+        if args.suite in ("user", "all"):
+            rows += bench.bench_user(steps=args.steps, warmup=args.warmup, device=device)
         if args.suite in ("scan", "all"):
             rows += bench.bench_scan(lengths=sizes["lengths"], batch_size=args.recurrent_batch_size,
                                      width=args.hidden, repeats=max(3, args.steps // 10), device=device)
