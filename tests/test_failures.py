@@ -604,3 +604,9 @@ def test_memory_running_out_during_training_is_one_line_exit_1(tmp_path, capsys,
     assert one_error(code, err, expected_code=1) == (
         f"error: out of memory (an allocation of 3.0 GiB failed) at step 3, the last checkpoint (step 2) is kept at "
         f"{run_dir(tmp_path) / 'checkpoint.pt'}; lower --batch-size or the model's size")
+
+
+def test_an_option_of_another_trainer_is_said_to_be_unused(tmp_path, capsys):
+    code, err = run(capsys, *TINY, "--steps", "2", "--logdir", tmp_path, "--highway-k", "4", "--fa-feedback-seed", "3")
+    assert code == 0
+    assert err == ["note: --fa-feedback-seed, --highway-k are options of another trainer, unused by 'backprop'"]

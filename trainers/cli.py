@@ -43,6 +43,7 @@ from trainers.options import add_arguments, options_from_args, parse_key_values,
 from trainers.recipes import recipe_for
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
+from trainers.rundir import note
 from trainers.trainer import Trainer
 from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 
@@ -289,6 +290,11 @@ def train_main(argv=None, prog: str | None = None) -> int:
         check_run_flags(args)
         here = join_job(args)
         setup = build_from_args(args, args.trainer, settings=args.settings)
+        unused = [f"--{(t + '_' + k).replace('_', '-')}" for t in available() if t != args.trainer
+                  for k in options_from_args(args, engine_class(t).Options, prefix=f"{t}_")]
+        if unused and here.is_main:
+            note(f"{', '.join(unused)} {'is an option' if len(unused) == 1 else 'are options'} of another trainer, "
+                 f"unused by '{args.trainer}'")
         trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=args.logdir,
                           experiment=args.experiment, run_name=args.run_name, overwrite=args.overwrite,
                           meta=setup.meta, settings=setup.settings)
