@@ -321,3 +321,16 @@ def test_round_robin_ratios_survive_a_burst_of_load():
         sequential[name] = time_round_robin({name: steps[name]}, timed=40, rounds=1, warmup=1,
                                             device=torch.device("cpu"), clock=machine.clock)[name]["step_ms"]
     assert sequential["slow"] / sequential["backprop"] > 1.5 * costs["slow"] / costs["backprop"]
+
+
+def test_bench_grads_suite_times_compute_grads_alone(tmp_path):
+    import json
+
+    from trainers.cli import bench_main
+
+    out = tmp_path / "b"
+    assert bench_main(["--suite", "grads", "--trainers", "backprop;foton:mode=jvp;dfa", "--depths", "3",
+                       "--widths", "8", "--batch-size", "4", "--steps", "20", "--warmup", "1", "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [r["trainer"] for r in rows] == ["backprop", "foton:mode=jvp", "dfa"]
+    assert rows[0]["ratio_to_backprop"] == 1.0 and all(r["grads_ms"] > 0 for r in rows)

@@ -255,3 +255,18 @@ def test_dense_feedback_is_refused_for_convolutions():
     x, y = batch(torch.float32, d0=64, classes=10, n=4)
     with pytest.raises(trainers.IncompatibleModelError, match="adjoint"):
         Foton(feedback="dense").compute_grads(model, x, y, cross_entropy_loss)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "identity"])
+def test_jvp_from_kept_activations_equals_the_lockstep_jvp(activation, monkeypatch):
+    """Without dropout, jvp mode keeps the clean activations and takes act' from them (one forward pass);
+    it computes what the lockstep forward-mode path computes."""
+    from trainers.engines import foton
+
+    model = narrowing_mlp(5, activation=activation)
+    x, y = batch()
+    fast = grads(Foton(mode="jvp"), model, x, y)
+    monkeypatch.setattr(foton, "_closed_form_derivative", lambda model: None)  # the lockstep path
+    lockstep = grads(Foton(mode="jvp"), model, x, y)
+    for name in fast:
+        torch.testing.assert_close(fast[name], lockstep[name], rtol=1e-12, atol=1e-14, msg=name)

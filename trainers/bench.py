@@ -22,6 +22,8 @@ BENCHMARKS.md).
 * ``residual``: each trainer's step (compute_grads + Adam step) on a deep
   ``residual_mlp`` (Highway-BP's residual stack), against backprop.
 * ``scan``: the reverse scan alone in every form against the DSF authors' loop.
+* ``grads``: the gradient computation alone (``compute_grads``) of each trainer
+  on the engines suite's MLPs, one model shared, against backprop.
 * ``user``: every engine on user-style models (an nn.GRU LM wrapped by
   ``models.wrap_recurrent``, an nn.Sequential MLP by ``models.layer_stack``)
   and on the zoo model of the same sizes: what wrapping costs.
@@ -209,6 +211,36 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                                       step_memory=True):
                 rows.append({"suite": "engines", "trainer": row.pop("trainer"), "depth": depth, "width": width,
                              "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}", **row})
+    return rows
+
+
+def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
+                orthogonal="bjorck", orthogonal_iters=3) -> list[dict]:
+    """The gradient computation alone (``compute_grads``, no optimizer step, no upkeep) of each trainer on
+    square MLPs, round-robin against backprop: what an engine costs before the shared parts of a step."""
+    rows = []
+    progress = _SuiteProgress("grads", len(depths) * len(widths) * len(_backprop_first(trainers)))
+    for depth in depths:
+        for width in widths:
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randn(batch_size, width, generator=gen).to(device)
+            y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
+            torch.manual_seed(0)
+            model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
+                                 activation=activation, orthogonal=orthogonal,
+                                 orthogonal_iters=orthogonal_iters).to(device)
+            steps_by = {}
+            for name in _backprop_first(trainers):
+                engine = engine_from_spec(name)
+                engine.check(model)
+                steps_by[name] = functools.partial(engine.compute_grads, model, x, y, F.cross_entropy)
+            timed = time_round_robin(steps_by, timed=steps, rounds=steps, warmup=warmup, device=device)
+            for name, t in timed.items():
+                progress(f"{name} depth {depth} width {width}", t["step_ms"])
+                rows.append({"suite": "grads", "trainer": name, "depth": depth, "width": width,
+                             "batch_size": batch_size, "grads_ms": t["step_ms"],
+                             "ratio_to_backprop": t["ratio_to_baseline"],
+                             "ratio_spread": f"{t['ratio_min']:.3g}..{t['ratio_max']:.3g}"})
     return rows
 
 

@@ -445,7 +445,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     from trainers import bench
 
     parser = OneLineParser(prog=prog, description="Benchmark step time (median) and peak memory per trainer.")
-    parser.add_argument("--suite", choices=["overhead", "engines", "recurrent", "residual", "scan", "user", "all"],
+    parser.add_argument("--suite",
+                        choices=["overhead", "engines", "grads", "recurrent", "residual", "scan", "user", "all"],
                         default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,
@@ -518,6 +519,11 @@ def bench_main(argv=None, prog: str | None = None) -> int:
                 rows += bench.bench_residual(trainers=residual_names, depth=args.residual_depth, width=width,
                                              batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                                              device=device)
+        if args.suite in ("grads", "all"):
+            rows += bench.bench_grads(trainers=engine_names, depths=sizes["depths"], widths=sizes["widths"],
+                                      batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, device=device,
+                                      orthogonal=None if args.orthogonal == "none" else args.orthogonal,
+                                      orthogonal_iters=args.orthogonal_iters)
         if args.suite in ("user", "all"):
             rows += bench.bench_user(steps=args.steps, warmup=args.warmup, device=device)
         if args.suite in ("scan", "all"):
