@@ -13,8 +13,11 @@ hidden layer). Writes ``p.grad``; the Trainer's optimizer steps and its
 projection keeps the weights orthogonal.
 
 Options: ``mode`` (``difference``: the paper's rule, clean activations kept;
-``jvp``: the first-order limit of h_l - h~_l by forward-mode AD along F e, no
-cancellation between two large passes; ``lowmem``: a first pass computes only
+``jvp``: the first-order limit of h_l - h~_l, the tangent along F e, no
+cancellation between two large passes: without active dropout and with tanh,
+ReLU or identity, propagated from the kept clean activations with act' read
+off them (backprop's cost); otherwise by forward-mode AD in lockstep with a
+recomputed clean pass; ``lowmem``: a first pass computes only
 e, then the clean and modulated passes run in lockstep layer by layer, so
 activation memory does not grow with depth), ``temperature`` (the paper code's
 ``ce_T``), ``feedback`` (``dense``: F^T = A_L ... A_1 built output-first and
