@@ -610,3 +610,13 @@ def test_an_option_of_another_trainer_is_said_to_be_unused(tmp_path, capsys):
     code, err = run(capsys, *TINY, "--steps", "2", "--logdir", tmp_path, "--highway-k", "4", "--fa-feedback-seed", "3")
     assert code == 0
     assert err == ["note: --fa-feedback-seed, --highway-k are options of another trainer, unused by 'backprop'"]
+
+
+def test_a_nan_loss_is_recorded_in_failed_json_by_the_run_itself(tmp_path, capsys):
+    code, err = run(capsys, *TINY, "--steps", "20", "--checkpoint-every", "2", "--lr", "1e9", "--optimizer", "sgd",
+                    "--activation", "relu",
+                    "--momentum", "0", "--logdir", tmp_path)
+    assert code == 1 and "loss is" in one_error(code, err, expected_code=1)
+    failure = json.loads((run_dir(tmp_path) / "failed.json").read_text())
+    assert failure["trainer"] == "backprop" and failure["seed"] == 0 and failure["error"] == err[0][len("error: "):]
+    assert not (run_dir(tmp_path) / "result.json").exists()

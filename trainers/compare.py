@@ -17,6 +17,7 @@ from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
 from trainers.recipes import SHARED_SETTINGS
 from trainers.registry import engine_class
+from trainers.rundir import FAILED
 from trainers.trainer import Trainer
 from trainers.tuning import trial_name
 
@@ -124,7 +125,6 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
     return table
 
 
-FAILED = "failed.json"  # beside a run's checkpoint: why it stopped (a non-finite loss)
 
 
 def experiment_failures(out_dir) -> list[dict]:
@@ -175,16 +175,12 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
 
 
 def _run_or_record(trainer: Trainer, name: str, seed: int, **fit) -> dict | None:
-    """``trainer.fit(**fit)``; a non-finite loss is recorded in ``failed.json`` (the run left no
-    ``result.json``: ``fit`` removes an earlier run's when it starts) and returned
-    (``{"run", "trainer", "seed", "error"}``), so the other runs can go on."""
+    """``trainer.fit(**fit)``; a non-finite loss (which ``fit`` records in the run's ``failed.json``,
+    under its lock) is returned (``{"run", "trainer", "seed", "error"}``), so the other runs can go on."""
     try:
         trainer.fit(**fit)
     except NonFiniteLossError as err:
-        failure = {"run": trainer.run_name, "trainer": name, "seed": seed, "error": str(err)}
-        if trainer.run_dir is not None and trainer.parallel.is_main:
-            write_text_atomic(trainer.run_dir / FAILED, json.dumps(failure) + "\n")
-        return failure
+        return {"run": trainer.run_name, "trainer": name, "seed": seed, "error": str(err)}
     return None
 
 

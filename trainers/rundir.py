@@ -8,6 +8,7 @@ Layout of ``<logdir>/<experiment>/<run>/seed<k>/``::
     metrics.jsonl          one JSON record per logged step
     events.out.tfevents.*  TensorBoard scalars and the run's HParams session
     result.json            the final report, once the run has finished
+    failed.json            why it stopped instead (a non-finite loss), written under the lock
 
 The lock is held for the whole of ``Trainer.fit`` (an ``flock``, so the kernel
 releases it when the process dies, even by ``kill -9``); a second writer is
@@ -31,14 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-from trainers.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic
+from trainers.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, write_text_atomic
 from trainers.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
 
 __all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
 
 CHECKPOINT, PREVIOUS, LOCK = "checkpoint.pt", "checkpoint.prev.pt", ".lock"
-RESULT, METRICS = "result.json", "metrics.jsonl"
-RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS, RESULT, "failed.json")
+RESULT, METRICS, FAILED = "result.json", "metrics.jsonl", "failed.json"
+RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS, RESULT, FAILED)
 
 FIXED = ("optimizer", "seed", "dtype", "schedule")
 """Training options a resumed run keeps: another value would be another run."""
@@ -138,6 +139,10 @@ class RunDirectory:
                               f"{spell('overwrite')} replaces it")
         self.clear()
         return "fresh", None
+
+    def record_failure(self, failure: dict) -> Path:
+        """``failed.json``: why the run stopped (``{"run", "trainer", "seed", "step", "error"}``)."""
+        return write_text_atomic(self.path / FAILED, json.dumps(failure) + "\n")
 
     def save(self, state: dict) -> Path:
         """Write ``state`` as the newest checkpoint; the one it replaces becomes the previous

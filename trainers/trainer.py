@@ -411,6 +411,9 @@ class Trainer:
             if type(err) is KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted at step {self.step}, {self._kept()}; {spell('resume')} "
                                      f"continues the run") from None
+            if isinstance(err, NonFiniteLossError) and logger and self.files:  # rank 0, still holding the lock
+                self.files.record_failure({"run": self.run_name, "trainer": self.engine.name, "seed": cfg.seed,
+                                           "step": self.step, "error": str(err)})
             if isinstance(err, DistributedError) and self._last_checkpoint() is not None:
                 raise DistributedError(f"{err}; the last checkpoint is {self._last_checkpoint()}") from None
             raise
