@@ -132,3 +132,39 @@ def test_what_cannot_be_wrapped_is_refused_in_one_line(module, expected):
         models.wrap_recurrent(nn.Sequential(module) if not isinstance(module, nn.Linear) else module)
     assert expected in str(err.value) and "\n" not in str(err.value)
     assert "forward" not in module.__dict__  # nothing changed
+
+
+def test_the_command_line_wraps_a_users_recurrent_model_for_dsf(tmp_path, capsys):
+    """--model file.py:Class with an nn.GRU inside: DSF accepts it without a factory; compare includes
+    the recurrent trainers; a bidirectional GRU is left unwrapped for backprop and refused by DSF in one line."""
+    import json
+    import textwrap
+
+    from trainers.cli import compare_main, train_main
+
+    path = tmp_path / "lm.py"
+    path.write_text(textwrap.dedent('''
+        from torch import nn
+
+        class LM(nn.Module):
+            def __init__(self, vocab=8, out=5, hidden=8, bidirectional=False):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, hidden)
+                self.rnn = nn.GRU(hidden, hidden, num_layers=2, batch_first=True, bidirectional=bidirectional)
+                self.head = nn.Linear(hidden * (2 if bidirectional else 1), out)
+
+            def forward(self, tokens):
+                return self.head(self.rnn(self.embed(tokens))[0])
+    '''))
+    task = ["--task", "copy", "--task-option", "n_symbols=4", "--task-option", "length=3", "--task-option", "delay=2",
+            "--steps", "2", "--progress", "false", "--experiment", "e"]
+    assert train_main(["--model", f"{path}:LM", "--trainer", "dsf", *task, "--logdir", str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "e" / "dsf" / "seed0" / "result.json").read_text())["steps"] == 2
+    assert compare_main(["--model", f"{path}:LM", *task, "--seeds", "0", "--logdir", str(tmp_path / "b")]) == 0
+    runs = sorted(p.name for p in (tmp_path / "b" / "e").iterdir() if p.is_dir())
+    assert {"backprop", "dsf", "ftbptt", "highway"} <= set(runs)
+    capsys.readouterr()
+    bidirectional = ["--model", f"{path}:LM", "--model-option", "bidirectional=True", *task]
+    assert train_main([*bidirectional, "--logdir", str(tmp_path / "c")]) == 0  # backprop needs no structure
+    assert train_main([*bidirectional, "--trainer", "dsf", "--logdir", str(tmp_path / "d")]) == 2
+    assert "trainer 'dsf' needs a model with recurrent layers" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 import models
 import tasks
@@ -229,10 +230,23 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
                depth=model_options.get("depth"))
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
+    if models.user.is_reference(args.model):
+        auto_wrap_recurrent(model)
     record = _settings_record(settings, recipe, given, set(values))
     if tuned:
         record["tuned"] = tuned
     return Setup(engine, task, model, cfg, {"name": args.model, **model_options}, record)
+
+
+def auto_wrap_recurrent(model) -> None:
+    """A user's model with nn.GRU / LSTM / RNN modules gets ``models.wrap_recurrent`` (the same forward and
+    Parameters), so DSF, FT-BPTT and Highway-BP accept it from the command line; one that cannot be wrapped
+    (bidirectional, ...) is left as it is, for the trainers that need no structure."""
+    if "recurrent_layers" not in vars(model) and any(type(m) in (nn.GRU, nn.LSTM, nn.RNN) for m in model.modules()):
+        try:
+            models.wrap_recurrent(model)
+        except models.ModelConfigError:
+            pass
 
 
 def join_job(args) -> DataParallel:
