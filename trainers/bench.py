@@ -191,6 +191,13 @@ def bench_overhead(*, in_features, width, depth, batch_size, n_train, steps, war
             "trainer_ms": 1e3 * t_trainer, "plain_loop_ms": 1e3 * t_plain, "ratio": t_trainer / t_plain}
 
 
+def _classification_batch(batch_size: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed batch of the MLP suites: ``batch_size`` Gaussian inputs of ``width`` features, 10 classes."""
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(batch_size, width, generator=gen).to(device),
+            torch.randint(0, 10, (batch_size,), generator=gen).to(device))
+
+
 def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
                   orthogonal="bjorck", orthogonal_iters=3) -> list[dict]:
     """Step time (compute_grads + SGD step + orthogonality upkeep, round-robin against backprop)
@@ -199,9 +206,7 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
     progress = _SuiteProgress("engines", len(depths) * len(widths) * len(_backprop_first(trainers)))
     for depth in depths:
         for width in widths:
-            gen = torch.Generator().manual_seed(0)
-            x = torch.randn(batch_size, width, generator=gen).to(device)
-            y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
+            x, y = _classification_batch(batch_size, width, device)
             build = functools.partial(models.build, "mlp", in_features=width, out_features=10, depth=depth,
                                       width=width, activation=activation, orthogonal=orthogonal,
                                       orthogonal_iters=orthogonal_iters)
@@ -222,9 +227,7 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
     progress = _SuiteProgress("grads", len(depths) * len(widths) * len(_backprop_first(trainers)))
     for depth in depths:
         for width in widths:
-            gen = torch.Generator().manual_seed(0)
-            x = torch.randn(batch_size, width, generator=gen).to(device)
-            y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
+            x, y = _classification_batch(batch_size, width, device)
             torch.manual_seed(0)
             model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
                                  activation=activation, orthogonal=orthogonal,
@@ -382,9 +385,7 @@ def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, voca
 def bench_residual(*, trainers, depth, width, batch_size, steps, warmup, device) -> list[dict]:
     """Step time (compute_grads + Adam) and peak memory of each trainer on a ``residual_mlp``
     of ``depth`` blocks (width and branch width ``width``, 10 classes), against backprop."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_size, width, generator=gen).to(device)
-    y = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
+    x, y = _classification_batch(batch_size, width, device)
 
     def build():
         return models.build("residual_mlp", in_features=width, out_features=10, depth=depth, width=width)

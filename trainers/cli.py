@@ -202,9 +202,8 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         cfg_options["seed"] = seed
     cfg = parse_options(TrainConfig, cfg_options)
     engine = build_engine(trainer, **{**(recipe.engine_values() if recipe else {}), **given_engine})
-    for other in available():  # flags of the other trainers are unused, but never invalid
-        if other != trainer and (flags := options_from_args(args, engine_class(other).Options, prefix=f"{other}_")):
-            build_engine(other, **flags)
+    for other, flags in other_trainer_flags(args, trainer).items():  # unused, but never invalid
+        build_engine(other, **flags)
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
     with DataParallel().main_first():  # one download per job: rank 0 fills the cache, then the others read it
@@ -236,6 +235,13 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if tuned:
         record["tuned"] = tuned
     return Setup(engine, task, model, cfg, {"name": args.model, **model_options}, record)
+
+
+def other_trainer_flags(args, trainer: str) -> dict[str, dict]:
+    """The engine options given on the command line for trainers other than ``trainer``: name -> options."""
+    given = {other: options_from_args(args, engine_class(other).Options, prefix=f"{other}_")
+             for other in available() if other != trainer}
+    return {other: flags for other, flags in given.items() if flags}
 
 
 def auto_wrap_recurrent(model) -> None:
@@ -304,8 +310,8 @@ def train_main(argv=None, prog: str | None = None) -> int:
         check_run_flags(args)
         here = join_job(args)
         setup = build_from_args(args, args.trainer, settings=args.settings)
-        unused = [f"--{(t + '_' + k).replace('_', '-')}" for t in available() if t != args.trainer
-                  for k in options_from_args(args, engine_class(t).Options, prefix=f"{t}_")]
+        unused = [f"--{(t + '_' + k).replace('_', '-')}" for t, flags in other_trainer_flags(args, args.trainer).items()
+                  for k in flags]
         if unused and here.is_main:
             note(f"{', '.join(unused)} {'is an option' if len(unused) == 1 else 'are options'} of another trainer, "
                  f"unused by '{args.trainer}'")

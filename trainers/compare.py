@@ -125,8 +125,6 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
     return table
 
 
-
-
 def experiment_failures(out_dir) -> list[dict]:
     """Every run below one experiment folder that stopped on a non-finite loss: ``{"run", "seed", "error"}``."""
     return [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob(f"*/seed*/{FAILED}"))]

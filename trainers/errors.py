@@ -104,10 +104,8 @@ _PYTHON_SPELLING = {
 def out_of_memory(err: BaseException) -> str | None:
     """``"out of memory (...)"`` if ``err`` is a failed allocation (CPU or GPU), else None."""
     text = str(err)
-    if isinstance(err, RuntimeError) and "can't allocate memory" not in text and \
-            not isinstance(err, torch.OutOfMemoryError):
-        return None
-    if not isinstance(err, (MemoryError, RuntimeError)):
+    cpu_allocator = isinstance(err, RuntimeError) and "can't allocate memory" in text
+    if not (cpu_allocator or isinstance(err, (MemoryError, torch.OutOfMemoryError))):
         return None
     tried = re.search(r"(?:tried to allocate|allocate) (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)", text)
     if tried is None:
