@@ -24,6 +24,9 @@ BENCHMARKS.md).
 * ``scan``: the reverse scan alone in every form against the DSF authors' loop.
 * ``grads``: the gradient computation alone (``compute_grads``) of each trainer
   on the engines suite's MLPs, one model shared, against backprop.
+* ``upkeep``: what keeping the MLP orthogonal costs each trainer: its SGD step
+  with Björck projection, and with the Cayley retraction (``trainers.retraction``),
+  against the same step with no upkeep, per (depth, width, batch).
 * ``user``: every engine on user-style models (an nn.GRU LM wrapped by
   ``models.wrap_recurrent``, an nn.Sequential MLP by ``models.layer_stack``)
   and on the zoo model of the same sizes: what wrapping costs.
@@ -57,13 +60,14 @@ from torch.profiler import ProfilerActivity, profile
 
 import models
 import tasks
-from models.orthogonal import project_
+from models.orthogonal import orthogonality_error, project_
 from models.scan import METHODS as SCAN_METHODS
 from models.scan import reverse_scan
 from trainers.engines.backprop import Backprop
 from trainers.options import parse_key_values
 from trainers.protocols import recurrent_forwards
 from trainers.registry import build_engine
+from trainers.retraction import CayleyRetraction
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
@@ -247,6 +251,42 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
     return rows
 
 
+def bench_upkeep(*, trainers, depths, widths, batch_sizes, steps, warmup, device, activation="tanh",
+                 orthogonal_iters=3) -> list[dict]:
+    """The orthogonal/plain step ratio of each trainer: SGD step (lr 1e-3, no momentum) with Björck projection
+    (``orthogonal_iters`` iterations) and with the Cayley retraction, against the same step on the same MLP
+    without upkeep (its hidden layers marked orthogonal, never projected), the three round-robin."""
+    rows = []
+    progress = _SuiteProgress("upkeep", len(depths) * len(widths) * len(batch_sizes) * len(trainers) * 3)
+    for depth in depths:
+        for width in widths:
+            for batch_size in batch_sizes:
+                x, y = _classification_batch(batch_size, width, device)
+                for name in trainers:
+                    step_fns, nets = {}, {}
+                    for upkeep in ("none", "bjorck", "retraction"):
+                        torch.manual_seed(0)
+                        model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
+                                             activation=activation, orthogonal="bjorck" if upkeep == "none" else upkeep,
+                                             orthogonal_iters=orthogonal_iters).to(device)
+                        engine = engine_from_spec(name)
+                        engine.check(model)
+                        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+                        nets[upkeep] = model
+                        step_fns[upkeep] = _training_step(engine, model, x, y, F.cross_entropy, opt,
+                                                          after=project_ if upkeep == "bjorck" else None)
+                    timed = time_round_robin(step_fns, timed=steps, rounds=steps, warmup=warmup, device=device)
+                    for upkeep, t in timed.items():
+                        label = f"Björck x{orthogonal_iters}" if upkeep == "bjorck" else upkeep
+                        progress(f"{name} {label} depth {depth} width {width} batch {batch_size}", t["step_ms"])
+                        rows.append({"suite": "upkeep", "trainer": name, "depth": depth, "width": width,
+                                     "batch_size": batch_size, "upkeep": label, "step_ms": t["step_ms"],
+                                     "ratio_to_plain": t["ratio_to_baseline"],
+                                     "ratio_spread": f"{t['ratio_min']:.3g}..{t['ratio_max']:.3g}",
+                                     "orthogonality_error": orthogonality_error(nets[upkeep])})
+    return rows
+
+
 class _LoopBPTT(Backprop):
     """BPTT through each recurrent layer's cell stepped in a Python loop over time (a baseline)."""
 
@@ -269,10 +309,17 @@ class _LoopBPTT(Backprop):
 
 
 def _training_step(engine, model, x, y, loss_fn, opt, after=None):
-    """The timed step: the engine's gradients, the optimizer step, then ``after(model)`` (e.g. a projection)."""
+    """The timed step: the engine's gradients, the optimizer step, then ``after(model)`` (e.g. a projection).
+    Retracted layers take their step as the Trainer does (``CayleyRetraction``)."""
+    retraction = CayleyRetraction(model)
+
     def step():
-        engine.compute_grads(model, x, y, loss_fn)
-        opt.step()
+        with retraction.recording():
+            engine.compute_grads(model, x, y, loss_fn)
+        if retraction:
+            retraction.step(opt)
+        else:
+            opt.step()
         if after is not None:
             after(model)
     return step

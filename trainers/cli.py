@@ -466,7 +466,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
 
     parser = OneLineParser(prog=prog, description="Benchmark step time (median) and peak memory per trainer.")
     parser.add_argument("--suite",
-                        choices=["overhead", "engines", "grads", "recurrent", "residual", "scan", "user", "all"],
+                        choices=["overhead", "engines", "grads", "upkeep", "recurrent", "residual", "scan", "user",
+                                 "all"],
                         default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,
@@ -479,6 +480,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--widths", default="256", help="comma list of MLP widths (engines and residual suites)")
     parser.add_argument("--residual-depth", type=int, default=32, help="blocks of the residual suite's residual_mlp")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-sizes", default="64,256", help="comma list of batch sizes (upkeep suite)")
     parser.add_argument("--cell", default="gru", help="recurrent cell (recurrent suite)")
     parser.add_argument("--hidden", type=int, default=512, help="recurrent state size (recurrent and scan suites)")
     parser.add_argument("--recurrent-depths", default="1,3", help="comma list of recurrent layers (recurrent suite)")
@@ -500,7 +502,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
         if args.steps < 20:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
         sizes = {flag: _int_list(getattr(args, flag), "--" + flag.replace("_", "-"), minimum=1)
-                 for flag in ("depths", "widths", "lengths", "recurrent_depths")}
+                 for flag in ("depths", "widths", "lengths", "recurrent_depths", "batch_sizes")}
         for flag in ("batch_size", "residual_depth", "hidden", "recurrent_batch_size", "vocab", "rounds",
                      "orthogonal_iters", "warmup"):
             if getattr(args, flag) < (0 if flag == "warmup" else 1):
@@ -544,6 +546,11 @@ def bench_main(argv=None, prog: str | None = None) -> int:
                                       batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, device=device,
                                       orthogonal=None if args.orthogonal == "none" else args.orthogonal,
                                       orthogonal_iters=args.orthogonal_iters)
+        if args.suite in ("upkeep", "all"):
+            rows += bench.bench_upkeep(trainers=_trainer_specs(args.trainers or "backprop;foton"),
+                                       depths=sizes["depths"], widths=sizes["widths"],
+                                       batch_sizes=sizes["batch_sizes"], steps=args.steps, warmup=args.warmup,
+                                       device=device, orthogonal_iters=args.orthogonal_iters)
         if args.suite in ("user", "all"):
             rows += bench.bench_user(steps=args.steps, warmup=args.warmup, device=device)
         if args.suite in ("scan", "all"):

@@ -5,7 +5,8 @@
         gradients     engine.compute_grads(...)   <- where loss.backward() stands
         clip          global gradient norm
         step          optimizer.step(); scheduler.step()
-        upkeep        project orthogonal layers back (projection models only)
+        upkeep        project orthogonal layers back (projection models only); retracted
+                      layers take their SGD step as a Cayley retraction instead
         log / eval / checkpoint
 
 Data order is a function of (seed, epoch) alone, and every random generator
@@ -59,6 +60,7 @@ from trainers.optim import build_optimizer, build_scheduler, restore_optimizer
 from trainers.options import as_dict, parse_options
 from trainers.progress import Progress
 from trainers.recipes import SHARED_SETTINGS
+from trainers.retraction import CayleyRetraction
 from trainers.rng import rng_state, seed_everything, set_rng_state
 from trainers.rundir import RunDirectory, note, run_path
 
@@ -158,6 +160,12 @@ class Trainer:
         methods = {orthogonal_method(m) for m in model.modules()} - {None}
         self.has_orthogonal = bool(methods)
         self.needs_projection = bool(methods & set(PROJECTED_METHODS))
+        self.retraction = CayleyRetraction(model)
+        if self.retraction and (cfg.optimizer != "sgd" or cfg.momentum != 0):
+            raise ConfigError(
+                f"orthogonal=retraction takes plain SGD steps ({spell('optimizer')} sgd, {spell('momentum')} 0; "
+                f"got {cfg.optimizer}, momentum {cfg.momentum}): momentum and Adam steps are not low-rank; use "
+                f"orthogonal=bjorck, polar, expm or cayley with them")
         self.optimizer = build_optimizer(self.params, cfg)
         self.scheduler = None
         self.step = 0
@@ -463,17 +471,23 @@ class Trainer:
     def _train_step(self, x, y) -> tuple[float, float, int, float]:
         """One update; returns (global mean loss, learning rate used, global batch, seconds)."""
         t0 = time.perf_counter()
-        # the engine stands where loss.backward() would
-        out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
+        # the engine stands where loss.backward() would (retracted layers: gradient factors on the side)
+        with self.retraction.recording(enabled=self.parallel.world_size == 1):
+            out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
         loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item())
         if not math.isfinite(loss):
             last = self._last_checkpoint()
             kept = f", last good checkpoint kept at {last}" if last is not None else ""
             raise NonFiniteLossError(f"loss is {loss} at step {self.step}; training stopped{kept}")
+        clip = 1.0  # the factor clipping applied to every .grad
         if self.cfg.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
+            clip = torch.clamp(self.cfg.clip_grad_norm / (norm + 1e-6), max=1.0).item()  # torch's own coefficient
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        if self.retraction:
+            self.retraction.step(self.optimizer, grad_scale=clip)
+        else:
+            self.optimizer.step()
         if self.scheduler:
             self.scheduler.step()
         if self.needs_projection:  # split over ranks under torchrun, same result

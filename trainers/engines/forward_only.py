@@ -30,6 +30,7 @@ from torch.nn.utils import parametrize
 from models.orthogonal import route_weight_grad
 from trainers.engine import GradientEngine, StepOutput, write_grads
 from trainers.protocols import LayerStack, require
+from trainers.retraction import record_layer_grads
 from trainers.rng import set_torch_rng_state, torch_rng_state
 
 __all__ = ["stack_forward", "output_error", "layer_adjoint", "write_layer_grads", "linear_part", "MaskReplay",
@@ -89,8 +90,10 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
     linear = linear_part(layer)
     if linear is not None:
         d = delta.reshape(batch, -1)  # (B, d_out)
-        G = torch.addmm(d.new_zeros(()), d.T, presynaptic.reshape(batch, -1), beta=0, alpha=alpha)  # (d_out, d_in)
+        h = presynaptic.reshape(batch, -1)
+        G = torch.addmm(d.new_zeros(()), d.T, h, beta=0, alpha=alpha)  # (d_out, d_in)
         route_weight_grad(linear, G)
+        record_layer_grads(linear, d, presynaptic, alpha)  # the factors of G, for a Cayley retraction
         if linear.bias is not None:
             linear.bias.grad = d.sum(0).mul_(alpha)
         return
