@@ -257,8 +257,8 @@ def make_orthogonal(module: nn.Module, method: str | None, *, iters: int = 3) ->
             f"orthogonal method {method!r} needs a 2-D `weight` Parameter on {type(module).__name__}, got {got}"
         )
 
-    with torch.no_grad():
-        Q = polar(weight.detach())
+    with torch.no_grad():  # in float64: a float32 SVD leaves ~1e-5 of error at width 1024, this ~1e-7
+        Q = polar(weight.detach().to(torch.float64)).to(weight.dtype)
 
     if method in PARAMETRIZED_METHODS:
         with _fork_rng_for(weight):
@@ -343,7 +343,9 @@ def cayley_retract(W: Tensor, G: Tensor, lr: float) -> Tensor:
     up to rounding; :math:`\dot Y(0) = -(G_X - X G_X^\top X)`, the Riemannian gradient
     under the canonical metric. A weight decay term :math:`\lambda X` adds
     :math:`\lambda(X X^\top - X X^\top) = 0` to A: it has no effect on an orthogonal layer.
-    Cost :math:`O(n^3)` (n = max(out, in)). Pure; returns the new weight, same shape.
+    The step keeps :math:`X^\top X` as it was; a drift from orthogonality above 64 eps (rms
+    eigenvalue of :math:`X^\top X - I`; a float32 model moved to float64, say) is removed by one
+    Björck iteration after it. Cost :math:`O(n^3)` (n = max(out, in)). Pure; returns the new weight.
     """
     X, transposed = _stiefel_frame(W)
     GX = G.mT if transposed else G
@@ -354,7 +356,20 @@ def cayley_retract(W: Tensor, G: Tensor, lr: float) -> Tensor:
     # Y = X - lr (I + lr/2 A)^{-1} A X: solving for the small increment (not for Y) keeps the
     # rounding relative to the step, so float32 weights do not drift away from orthogonality
     Y = X - torch.linalg.solve(eye + half * A, A @ X).mul_(lr)
-    return Y.mT if transposed else Y
+    Y = Y.mT if transposed else Y
+    # the step keeps X^T X as it was; a drift above 64 eps (rms eigenvalue of X^T X - I) is removed
+    gram = X.mT @ X
+    gram.diagonal().sub_(1)
+    return bjorck(Y, 1) if gram.norm() > 64 * torch.finfo(W.dtype).eps * gram.shape[-1] ** 0.5 else Y
+
+
+def _drift_along(K: Tensor, QX: Tensor, columns: int = 16) -> float:
+    r"""A lower bound of :math:`\lVert X^\top X - I \rVert_2` from K = X Q_X on up to ``columns`` of the
+    batch's vectors q: :math:`\lVert K_s^\top K_s - Q_s^\top Q_s \rVert_F / \lVert Q_s \rVert_F^2`,
+    O(columns^2 n), the directions in which the drift would enter a step."""
+    k, q = K[:, :columns], QX[:, :columns]
+    scale = q.square().sum()
+    return 0.0 if scale == 0 else ((k.mT @ k - q.mT @ q).norm() / scale).item()
 
 
 def _woodbury_core(S: Tensor, C: Tensor, D: Tensor, R1: Tensor, R2: Tensor) -> tuple[Tensor, Tensor]:
@@ -380,7 +395,7 @@ def _woodbury_core(S: Tensor, C: Tensor, D: Tensor, R1: Tensor, R2: Tensor) -> t
 
 
 def cayley_retract_lowrank(W: Tensor, P: Tensor, Q: Tensor, lr: float, *,
-                           WQ: Tensor | None = None, WtP: Tensor | None = None) -> Tensor:
+                           WQ: Tensor | None = None, WtP: Tensor | None = None, inplace: bool = False) -> Tensor:
     r""":func:`cayley_retract` for a gradient given as factors :math:`G = P Q^\top`, by the Woodbury identity.
 
     ``P``: (out, r), ``Q``: (in, r); for a linear layer r is the batch (P the output
@@ -392,15 +407,20 @@ def cayley_retract_lowrank(W: Tensor, P: Tensor, Q: Tensor, lr: float, *,
     .. math::  Y = X - lr\, U \,(I_{2r} + \tfrac{lr}{2} V^\top U)^{-1}\, V^\top X,
                \qquad V^\top X = [\,Q_X^\top;\ -(X^\top P_X)^\top\,],
 
-    using :math:`K^\top X = Q_X^\top X^\top X = Q_X^\top`. Cost :math:`2 r n p` for the
+    using :math:`K^\top X = Q_X^\top X^\top X = Q_X^\top`, which holds while X is orthogonal. Its
+    drift is measured along the batch's vectors each step (:func:`_drift_along`); above 64 eps
+    (float32: 7.6e-6) that step computes :math:`K^\top X` and ends with one Björck iteration,
+    so a drift cannot grow through the steps. Cost :math:`2 r n p` for the
     update plus :math:`O(r^2 (n + p) + r^3)` for the small system (n x p = the frame's
     shape), against :math:`O(n^3)` densely. The products a step computes anyway can be
     passed in: ``WQ`` = W Q (the forward's pre-activations, (out, r)) and ``WtP`` = W^T P
     ((in, r), the backward's input gradient); missing ones are computed. When
-    2r >= min(out, in) the dense form is cheaper and is used. Pure; returns the new weight.
+    2r >= min(out, in) the dense form is cheaper and is used. Returns the new weight; pure unless
+    ``inplace``, which writes it into ``W`` (no weight-sized copy).
     """
     if 2 * P.shape[-1] >= min(W.shape[-2], W.shape[-1]):
-        return cayley_retract(W, P @ Q.mT, lr)
+        Y = cayley_retract(W, P @ Q.mT, lr)
+        return W.copy_(Y) if inplace else Y
     X, transposed = _stiefel_frame(W)
     if WQ is None:
         WQ = W @ Q  # (out, r)
@@ -412,9 +432,18 @@ def cayley_retract_lowrank(W: Tensor, P: Tensor, Q: Tensor, lr: float, *,
     S = (K.mT @ PX).mul_(half)  # a S, (r, r); V^T U = [[S, K^T K], [-P_X^T P_X, -S^T]], a = lr / 2
     C = (K.mT @ K).mul_(half)  # a K^T K
     D = (PX.mT @ PX).mul_(-half)  # -a P_X^T P_X
-    Z1, Z2 = _woodbury_core(S, C, D, QX.mT, L.mT.neg())  # M^{-1} V^T X, with V^T X = [Q_X^T; -L^T]
+    # K^T X = Q_X^T X^T X is Q_X^T while X^T X = I; the drift E = X^T X - I it leaves out would enter the
+    # step multiplied by it, so when the drift seen along the batch's own vectors exceeds 64 eps the
+    # step takes K^T X exactly and one Björck iteration removes the drift
+    drifted = _drift_along(K, QX) > 64 * torch.finfo(W.dtype).eps
+    KtX = (X.mT @ K).mT if drifted else QX.mT
+    Z1, Z2 = _woodbury_core(S, C, D, KtX, L.mT.neg())  # M^{-1} V^T X, with V^T X = [K^T X; -L^T]
+    if inplace:  # X is W or a view of it
+        X.addmm_(PX, Z1, alpha=-lr).addmm_(K, Z2, alpha=-lr)
+        return W.copy_(bjorck(W, 1)) if drifted else W
     Y = torch.addmm(X, PX, Z1, alpha=-lr).addmm_(K, Z2, alpha=-lr)  # X - lr U Z
-    return Y.mT if transposed else Y
+    Y = Y.mT if transposed else Y
+    return bjorck(Y, 1) if drifted else Y
 
 
 @torch.no_grad()

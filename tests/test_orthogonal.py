@@ -11,7 +11,9 @@ from models.orthogonal import (
     METHODS,
     PARAMETRIZED_METHODS,
     PROJECTED_METHODS,
+    RETRACTED_METHODS,
     Projection,
+    Retraction,
     bjorck,
     make_orthogonal,
     orthogonal_method,
@@ -92,7 +94,8 @@ def test_trainable_weight_and_marker(method):
         assert not hasattr(layer, "_orthogonal_projection")
     else:
         assert p is layer.weight
-        assert layer._orthogonal_projection == Projection(method, 3)
+        marker = Retraction() if method in RETRACTED_METHODS else Projection(method, 3)
+        assert layer._orthogonal_projection == marker
     assert {id(q) for q in layer.parameters()} == {id(p), id(layer.bias)}
 
 
@@ -175,7 +178,7 @@ def _regression(shape, seed=1):
 
 @pytest.mark.parametrize("opt", ["adam", "sgd_momentum"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [m for m in METHODS if m not in RETRACTED_METHODS])  # test_retraction.py
 def test_training_stays_orthogonal_and_learns(method, shape, opt):
     layer = _layer(shape, method)
     model = nn.Sequential(layer)
@@ -444,7 +447,7 @@ def test_route_weight_grad_parametrized_inside_cached_context():
     assert torch.allclose(got, expected, atol=1e-14)
 
 
-@pytest.mark.parametrize("method", [None, *PROJECTED_METHODS])
+@pytest.mark.parametrize("method", [None, *PROJECTED_METHODS, *RETRACTED_METHODS])
 def test_route_weight_grad_plain_and_projected(method):
     layer = make_orthogonal(nn.Linear(6, 4).double(), method)
     G = torch.randn(4, 6, dtype=torch.float64)

@@ -76,15 +76,16 @@ class CrashingBackprop(Backprop):
 CrashingBackprop.name = "backprop"
 
 
-@pytest.mark.parametrize("orthogonal", [None, "bjorck", "expm"])
+@pytest.mark.parametrize("orthogonal", [None, "bjorck", "expm", "retraction"])
 def test_resume_equals_uninterrupted(task, tmp_path, orthogonal):
     steps = 22
+    plain = {"momentum": 0.0} if orthogonal == "retraction" else {}  # the retraction takes plain SGD steps
     whole = make_trainer(task, tmp_path / "whole", orthogonal=orthogonal, checkpoint_every=5,
-                         grad_agreement_every=4, eval_every=7)
+                         grad_agreement_every=4, eval_every=7, **plain)
     whole.fit(steps=steps)
 
     crashed = make_trainer(task, tmp_path / "resumed", engine=CrashingBackprop(crash_at=17), orthogonal=orthogonal,
-                           checkpoint_every=5, grad_agreement_every=4, eval_every=7)
+                           checkpoint_every=5, grad_agreement_every=4, eval_every=7, **plain)
     with pytest.raises(Crash):
         crashed.fit(steps=steps)
     # the crash came after records that the last checkpoint does not cover
@@ -92,7 +93,7 @@ def test_resume_equals_uninterrupted(task, tmp_path, orthogonal):
     assert 0 < checkpoint_step < max(r["step"] for r in read_metrics(crashed.run_dir))
     # a new process: fresh objects, same flags, --resume; its weights and RNG must not matter
     resumed = make_trainer(task, tmp_path / "resumed", seed=0, orthogonal=orthogonal, checkpoint_every=5,
-                           grad_agreement_every=4, eval_every=7)
+                           grad_agreement_every=4, eval_every=7, **plain)
     with torch.no_grad():
         for p in resumed.model.parameters():
             p.add_(0.1)

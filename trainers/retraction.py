@@ -216,5 +216,5 @@ class CayleyRetraction:
             else:
                 P, Q, WQ, WtP, c = found
                 self.lowrank_steps += 1
-                w.copy_(cayley_retract_lowrank(w, P, Q, lr * c, WQ=WQ, WtP=WtP))
+                cayley_retract_lowrank(w, P, Q, lr * c, WQ=WQ, WtP=WtP, inplace=True)
         self._factors, self._forward = {}, {}

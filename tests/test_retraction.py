@@ -1,0 +1,325 @@
+"""The Cayley retraction of SGD (orthogonal="retraction"): the math against the dense Cayley step, the
+factors every engine leaves, the Trainer's step, clipping, fallbacks, refusals and exact resume."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import models
+import tasks
+import trainers
+from models.orthogonal import (
+    cayley_retract,
+    cayley_retract_lowrank,
+    make_orthogonal,
+    orthogonal_method,
+    orthogonality_error,
+    polar,
+)
+from trainers.cli import bench_main, train_main
+from trainers.errors import ConfigError
+from trainers.retraction import CayleyRetraction
+
+F64 = torch.float64
+SHAPES = {"square": (24, 24), "wide": (16, 24), "tall": (24, 16)}  # (out, in)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def orthogonal_matrix(out, inp, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(max(out, inp), min(out, inp), generator=gen, dtype=F64))
+    return q if out >= inp else q.T
+
+
+def factors(out, inp, r, scale=1.0, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(out, r, generator=gen, dtype=F64), torch.randn(inp, r, generator=gen, dtype=F64))
+
+
+def textbook_cayley(W, G, lr):
+    """(I + lr/2 A)^{-1} (I - lr/2 A) X with A = G_X X^T - X G_X^T, written out literally."""
+    wide = W.shape[0] < W.shape[1]
+    X, GX = (W.T, G.T) if wide else (W, G)
+    A = GX @ X.T - X @ GX.T
+    eye = torch.eye(A.shape[0], dtype=F64)
+    Y = torch.linalg.inv(eye + lr / 2 * A) @ (eye - lr / 2 * A) @ X
+    return Y.T if wide else Y
+
+
+# ----------------------------------------------------------------------------- the math
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dense_step_is_the_textbook_cayley_transform_and_orthogonal(shape):
+    out, inp = SHAPES[shape]
+    W = orthogonal_matrix(out, inp)
+    G = torch.randn(out, inp, generator=torch.Generator().manual_seed(3), dtype=F64)
+    Y = cayley_retract(W, G, 0.3)
+    assert torch.allclose(Y, textbook_cayley(W, G, 0.3), atol=1e-13, rtol=0)
+    assert orthogonality_error(Y) < 1e-13
+    assert (Y - W).abs().max() > 0.05  # a real step
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_first_order_step_is_the_riemannian_gradient(shape):
+    """(Y - W) / lr -> -(G - W G^T W) as lr -> 0 (canonical metric), so the retraction follows SGD on the
+    manifold; a weight decay term lambda W changes nothing (A gains lambda (X X^T - X X^T) = 0)."""
+    out, inp = SHAPES[shape]
+    W = orthogonal_matrix(out, inp)
+    G = torch.randn(out, inp, generator=torch.Generator().manual_seed(4), dtype=F64)
+    lr = 1e-8  # the second-order term is O(lr |A|^2), the rounding O(eps / lr)
+    riemannian = G - W @ G.T @ W
+    assert torch.allclose((cayley_retract(W, G, lr) - W) / lr, -riemannian, atol=1e-5, rtol=0)
+    assert torch.allclose(cayley_retract(W, G + 0.7 * W, 0.3), cayley_retract(W, G, 0.3), atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scale", [0.05, 20.0])  # the Schur path, and the large-step path (whole inverse)
+@pytest.mark.parametrize("given", ["none", "WQ", "both"])
+def test_lowrank_step_equals_the_dense_cayley_step(shape, scale, given):
+    out, inp = SHAPES[shape]
+    W = orthogonal_matrix(out, inp)
+    P, Q = factors(out, inp, r=3, scale=scale)
+    known = {"WQ": W @ Q, "WtP": W.T @ P} if given == "both" else {"WQ": W @ Q} if given == "WQ" else {}
+    Y = cayley_retract_lowrank(W, P, Q, 0.3, **known)
+    assert torch.allclose(Y, cayley_retract(W, P @ Q.T, 0.3), atol=1e-12, rtol=0)
+    assert orthogonality_error(Y) < 1e-13
+    written = W.clone()
+    assert cayley_retract_lowrank(written, P, Q, 0.3, inplace=True) is written
+    assert torch.allclose(written, Y, atol=1e-14, rtol=0)
+
+
+def test_lowrank_step_uses_the_dense_form_when_the_rank_is_not_low():
+    W = orthogonal_matrix(12, 12)
+    P, Q = factors(12, 12, r=6)
+    assert torch.allclose(cayley_retract_lowrank(W, P, Q, 0.2), cayley_retract(W, P @ Q.T, 0.2), atol=1e-13)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_many_steps_keep_the_weight_orthogonal_to_1e_12_in_float64(shape):
+    out, inp = SHAPES[shape]
+    W = orthogonal_matrix(out, inp)
+    for step in range(300):
+        P, Q = factors(out, inp, r=4, scale=0.3, seed=step)
+        W = cayley_retract_lowrank(W, P, Q, 0.5)
+    assert orthogonality_error(W) < 1e-12
+
+
+# ----------------------------------------------------------------------------- the factors
+def mlp(method="retraction", width=24, depth=4, dtype=F64, seed=0, **options):
+    """The zoo MLP in ``dtype`` with hidden weights orthogonal in that precision (built in float32, so
+    the float64 copy is first made orthogonal to 1e-15: a drift of 1e-7 would take the guarded step)."""
+    torch.manual_seed(seed)
+    model = models.build("mlp", in_features=10, out_features=5, depth=depth, width=width, activation="tanh",
+                         orthogonal=method, **options).to(dtype)
+    with torch.no_grad():
+        for module in CayleyRetraction(model).modules:
+            module.weight.copy_(polar(module.weight))
+    return model
+
+
+def batch(n=6, seed=0, dtype=F64):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 10, generator=gen, dtype=dtype), torch.randint(0, 5, (n,), generator=gen)
+
+
+ENGINES = ["backprop", "foton", "foton:mode=jvp", "foton:mode=lowmem", "pepita", "fa", "dfa"]
+
+
+@pytest.mark.parametrize("spec", ENGINES)
+def test_every_engine_leaves_factors_and_the_step_is_the_cayley_step_of_its_gradient(spec):
+    """One step of each engine: the retracted weights become cayley_retract(W, the engine's own .grad, lr)
+    through the low-rank path (no dense fallback), everything else takes the optimizer's step."""
+    from trainers.bench import engine_from_spec
+
+    model = mlp()
+    x, y = batch()
+    engine = engine_from_spec(spec)
+    engine.check(model)
+    reference = copy.deepcopy(model)
+    engine_from_spec(spec).compute_grads(reference, x, y, F.cross_entropy)
+    lr = 0.4
+    retraction = CayleyRetraction(model)
+    assert len(retraction.modules) == 3  # the hidden layers
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with retraction.recording():
+        engine.compute_grads(model, x, y, F.cross_entropy)
+    retraction.step(opt)
+    assert retraction.lowrank_steps == 3 and retraction.dense_steps == 0, retraction.dense_reasons
+    for (name, p), (_, p0) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        expected = (cayley_retract(p0.detach(), p0.grad, lr) if orthogonal_method(module) == "retraction"
+                    and name.endswith("weight") else p0.detach() - lr * p0.grad)
+        assert torch.allclose(p, expected, atol=1e-12, rtol=0), name
+    assert orthogonality_error(model) < 1e-13
+
+
+def test_autograd_factors_cover_sequences_and_a_layer_called_twice():
+    """A linear layer applied to (B, T, d) rows, and the same layer used twice in one forward: its gradient
+    is the sum of every call's outer products, and the step is still the Cayley step of .grad."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = make_orthogonal(nn.Linear(32, 32, dtype=F64), "retraction")
+            self.out = nn.Linear(32, 3, dtype=F64)
+
+        def forward(self, x):  # (B, T, 32)
+            return self.out(torch.tanh(self.inner(torch.tanh(self.inner(x)))).mean(1))
+
+    torch.manual_seed(0)
+    model = Twice()
+    x = torch.randn(2, 3, 32, dtype=F64)
+    y = torch.tensor([0, 2])
+    reference = copy.deepcopy(model)
+    F.cross_entropy(reference(x), y).backward()
+    retraction = CayleyRetraction(model)
+    with retraction.recording():
+        F.cross_entropy(model(x), y).backward()
+    retraction.step(torch.optim.SGD(model.parameters(), lr=0.3))
+    assert retraction.lowrank_steps == 1 and retraction.dense_steps == 0, retraction.dense_reasons
+    expected = cayley_retract(reference.inner.weight.detach(), reference.inner.weight.grad, 0.3)
+    assert torch.allclose(model.inner.weight, expected, atol=1e-12, rtol=0)
+
+
+def test_a_gradient_that_differs_from_its_factors_takes_the_exact_dense_step():
+    """An engine (or anything) that changes .grad after the factors were recorded: the check on a random
+    vector sees it and the layer takes the dense Cayley step of the .grad it has."""
+    model = mlp()
+    x, y = batch()
+    retraction = CayleyRetraction(model)
+    with retraction.recording():
+        F.cross_entropy(model(x), y).backward()
+    first = model.layers[1].weight
+    first.grad.mul_(2.0)
+    expected = cayley_retract(first.detach().clone(), first.grad, 0.1)
+    retraction.step(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert retraction.dense_steps == 1 and retraction.lowrank_steps == 2
+    assert retraction.dense_reasons == {"the engine's gradient differs from the recorded factors"}
+    assert torch.allclose(first, expected, atol=1e-12, rtol=0)
+
+
+def test_without_a_recording_every_layer_takes_the_dense_step():
+    model = mlp()
+    x, y = batch()
+    reference = copy.deepcopy(model)
+    F.cross_entropy(model(x), y).backward()
+    F.cross_entropy(reference(x), y).backward()
+    retraction = CayleyRetraction(model)
+    retraction.step(torch.optim.SGD(model.parameters(), lr=0.2))
+    assert retraction.dense_steps == 3 and retraction.lowrank_steps == 0
+    layer, ref = model.layers[2], reference.layers[2]
+    assert torch.allclose(layer.weight, cayley_retract(ref.weight.detach(), ref.weight.grad, 0.2), atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- through the Trainer
+@pytest.fixture(scope="module")
+def task():
+    return tasks.build("teacher", in_features=10, num_classes=5, n_train=192, n_val=64, n_test=64, hidden=16)
+
+
+def make_trainer(task, engine="backprop", logdir=None, **overrides):
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=10, out_features=5, depth=4, width=24, activation="tanh",
+                         orthogonal="retraction")
+    options = dict(batch_size=16, progress=False, optimizer="sgd", momentum=0.0, lr=0.3, log_every=4,
+                   grad_agreement_every=0, dtype="float64")
+    options.update(overrides)
+    return trainers.Trainer(model, trainers.build_engine(engine), task, logdir=logdir, **options)
+
+
+@pytest.mark.parametrize("engine", ["backprop", "foton", "pepita", "fa", "dfa"])
+def test_every_engine_trains_through_the_trainer_and_stays_orthogonal(task, engine):
+    trainer = make_trainer(task, engine)
+    before = trainer.evaluate("val")["loss"]
+    report = trainer.fit(steps=60)
+    assert trainer.retraction.lowrank_steps == 60 * 3 and trainer.retraction.dense_steps == 0
+    assert orthogonality_error(trainer.model) < 1e-12
+    assert report["final_val"]["loss"] < before
+
+
+def test_clipped_gradients_scale_the_factors(task):
+    """With a clip far below the gradient norm, the step is the Cayley step of the clipped .grad."""
+    trainer = make_trainer(task, clip_grad_norm=1e-3)
+    layer = trainer.model.layers[1]
+    before = layer.weight.detach().clone()
+    captured = {}
+    step = trainer.retraction.step
+
+    def spy(optimizer, grad_scale=1.0):
+        captured["grad"] = layer.weight.grad.clone()
+        captured["scale"] = grad_scale
+        step(optimizer, grad_scale)
+
+    trainer.retraction.step = spy
+    trainer.fit(steps=1)
+    assert captured["scale"] < 0.1
+    assert trainer.retraction.lowrank_steps == 3 and trainer.retraction.dense_steps == 0
+    assert torch.allclose(layer.weight, cayley_retract(before, captured["grad"], 0.3), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [dict(optimizer="adam"), dict(momentum=0.9), dict(optimizer="adamw")])
+def test_momentum_and_adam_are_refused_in_one_line(task, overrides):
+    with pytest.raises(ConfigError, match=r"orthogonal=retraction takes plain SGD steps .*use orthogonal=bjorck"):
+        make_trainer(task, **overrides)
+
+
+def test_command_line_refusal_names_the_flags(tmp_path, capsys):
+    code = train_main(["--task", "teacher", "--task-option", "n_train=64", "--depth", "2", "--width", "8",
+                       "--orthogonal", "retraction", "--optimizer", "adam", "--steps", "1", "--progress", "false",
+                       "--logdir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--optimizer sgd" in err[0] and "--momentum 0" in err[0]
+    assert not any(tmp_path.rglob("*.pt"))
+
+
+# resume: tests/test_trainer.py::test_resume_equals_uninterrupted[retraction] (dropout, clipping, a cosine
+# schedule, a crash after the last checkpoint; metrics and weights equal the uninterrupted run's)
+
+
+def test_float32_training_stays_orthogonal_to_1e_5(task):
+    trainer = make_trainer(task, dtype="float32", lr=0.5)
+    trainer.fit(steps=300)
+    errors = [r["engine/orthogonality_error"] for r in trainer.history if "engine/orthogonality_error" in r]
+    assert len(errors) == 75 and max(errors) < 1e-5
+
+
+def test_bench_upkeep_suite_times_all_three_upkeeps(tmp_path):
+    out = tmp_path / "bench"
+    assert bench_main(["--suite", "upkeep", "--trainers", "backprop;foton", "--depths", "3", "--widths", "16",
+                       "--batch-sizes", "4", "--steps", "20", "--warmup", "1", "--out", str(out)]) == 0
+    import json
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [(r["trainer"], r["upkeep"]) for r in rows] == [
+        (t, u) for t in ("backprop", "foton") for u in ("none", "Björck x3", "retraction")]
+    for r in rows:
+        if r["upkeep"] == "none":
+            assert r["ratio_to_plain"] == 1
+        else:
+            assert r["orthogonality_error"] < 1e-5 and r["ratio_to_plain"] > 0
+
+
+def test_the_readme_loop_runs_as_written():
+    import re
+    import textwrap
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = textwrap.dedent(re.search(r"```python\n(\s*retraction = trainers\.retraction.*?)```", readme, re.S).group(1))
+    model = mlp()
+    x, y = batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    scope = {"trainers": trainers, "model": model, "engine": trainers.build_engine("foton"), "x": x, "y": y,
+             "loss_fn": F.cross_entropy, "optimizer": torch.optim.SGD(model.parameters(), lr=0.3)}
+    exec(code, scope)
+    assert scope["retraction"].lowrank_steps == 3
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert orthogonality_error(model) < 1e-13
