@@ -332,5 +332,24 @@ def test_bench_grads_suite_times_compute_grads_alone(tmp_path):
     assert bench_main(["--suite", "grads", "--trainers", "backprop;foton:mode=jvp;dfa", "--depths", "3",
                        "--widths", "8", "--batch-size", "4", "--steps", "20", "--warmup", "1", "--out", str(out)]) == 0
     rows = json.loads((out / "bench.json").read_text())["rows"]
-    assert [r["trainer"] for r in rows] == ["backprop", "foton:mode=jvp", "dfa"]
+    assert [r["trainer"] for r in rows] == ["backprop", "foton:mode=jvp", "dfa", "bare forward-only pass"]
     assert rows[0]["ratio_to_backprop"] == 1.0 and all(r["grads_ms"] > 0 for r in rows)
+
+
+def test_the_bare_forward_only_pass_computes_fotons_gradients():
+    """The grads suite's floor computes what foton's difference rule writes (float64, biases included)."""
+    import torch
+    import torch.nn.functional as F
+
+    import models
+    from trainers.bench import bare_forward_only
+
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=6, out_features=4, depth=4, width=6, activation="tanh",
+                         orthogonal="bjorck").double()
+    x, y = torch.randn(5, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 1])
+    trainers.build_engine("foton").compute_grads(model, x, y, F.cross_entropy)
+    bare = bare_forward_only(model, x, y)
+    assert len(bare) == len(list(model.parameters()))
+    for p, g in zip(model.parameters(), bare, strict=True):
+        assert torch.allclose(p.grad, g, atol=1e-12, rtol=0)

@@ -23,7 +23,9 @@ BENCHMARKS.md).
   ``residual_mlp`` (Highway-BP's residual stack), against backprop.
 * ``scan``: the reverse scan alone in every form against the DSF authors' loop.
 * ``grads``: the gradient computation alone (``compute_grads``) of each trainer
-  on the engines suite's MLPs, one model shared, against backprop.
+  on the engines suite's MLPs, one model shared, against backprop; with a FOTON
+  trainer, also the bare forward-only pass (``bare_forward_only``, the shape of
+  the authors' code) as a floor.
 * ``upkeep``: what keeping the MLP orthogonal costs each trainer: its SGD step
   with Björck projection, and with the Cayley retraction (``trainers.retraction``),
   against the same step with no upkeep, per (depth, width, batch).
@@ -228,7 +230,8 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
     """The gradient computation alone (``compute_grads``, no optimizer step, no upkeep) of each trainer on
     square MLPs, round-robin against backprop: what an engine costs before the shared parts of a step."""
     rows = []
-    progress = _SuiteProgress("grads", len(depths) * len(widths) * len(_backprop_first(trainers)))
+    bare = any(name.startswith("foton") for name in trainers)
+    progress = _SuiteProgress("grads", len(depths) * len(widths) * (len(_backprop_first(trainers)) + bare))
     for depth in depths:
         for width in widths:
             x, y = _classification_batch(batch_size, width, device)
@@ -241,6 +244,8 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
                 engine = engine_from_spec(name)
                 engine.check(model)
                 steps_by[name] = functools.partial(engine.compute_grads, model, x, y, F.cross_entropy)
+            if bare:
+                steps_by["bare forward-only pass"] = functools.partial(bare_forward_only, model, x, y)
             timed = time_round_robin(steps_by, timed=steps, rounds=steps, warmup=warmup, device=device)
             for name, t in timed.items():
                 progress(f"{name} depth {depth} width {width}", t["step_ms"])
@@ -285,6 +290,38 @@ def bench_upkeep(*, trainers, depths, widths, batch_sizes, steps, warmup, device
                                      "ratio_spread": f"{t['ratio_min']:.3g}..{t['ratio_max']:.3g}",
                                      "orthogonality_error": orthogonality_error(nets[upkeep])})
     return rows
+
+
+def bare_forward_only(model, x, y) -> list[torch.Tensor]:
+    """FOTON's gradient signal in the shape the authors' code computes it (foton.md section 4), written here
+    as a timing floor: a clean pass keeping h_0 .. h_{L-1} under inference mode, e = softmax(y) - onehot,
+    F^T = W_L ... W_1 rebuilt (their default refreshes it every step), the modulated pass from
+    x - e F^T, and G_l = (h_l - h~_l)^T h_{l-1} / B, G_L = e^T h_{L-1} / B returned as a list, with the
+    biases' mean deltas their code intends (section 4, item 7): no .grad, no dropout, no
+    parametrizations, no checks."""
+    with torch.inference_mode():
+        layers, act, batch = model.layers, model.act, x.shape[0]
+        hs, h = [x], x
+        for layer in layers[:-1]:
+            h = act(layer(h))
+            hs.append(h)
+        e = torch.softmax(layers[-1](h), dim=-1)
+        e[torch.arange(batch), y] -= 1
+        feedback = layers[-1].weight
+        for layer in reversed(layers[:-1]):
+            feedback = feedback @ layer.weight
+        h = x - e @ feedback
+        grads = []
+        for i, layer in enumerate(layers[:-1]):
+            h = act(layer(h))
+            delta = hs[i + 1] - h
+            grads.append(torch.addmm(h.new_zeros(()), delta.T, hs[i], beta=0, alpha=1 / batch))
+            if layer.bias is not None:
+                grads.append(delta.mean(0))
+        grads.append(torch.addmm(h.new_zeros(()), e.T, hs[-1], beta=0, alpha=1 / batch))
+        if layers[-1].bias is not None:
+            grads.append(e.mean(0))
+    return grads
 
 
 class _LoopBPTT(Backprop):

@@ -33,8 +33,8 @@ from trainers.protocols import LayerStack, require
 from trainers.retraction import record_layer_grads
 from trainers.rng import set_torch_rng_state, torch_rng_state
 
-__all__ = ["stack_forward", "output_error", "layer_adjoint", "write_layer_grads", "linear_part", "MaskReplay",
-           "ModulatedForward"]
+__all__ = ["active_dropouts", "stack_forward", "output_error", "layer_adjoint", "write_layer_grads", "linear_part",
+           "MaskReplay", "ModulatedForward"]
 
 
 def linear_part(layer: nn.Module) -> nn.Linear | None:
@@ -52,12 +52,19 @@ def layer_adjoint(layer: nn.Module, v: torch.Tensor) -> torch.Tensor:
     return v @ layer.weight  # nn.Linear: (B, d_out) @ (d_out, d_in)
 
 
+def active_dropouts(model) -> list:
+    """Each hidden layer's dropout module, or None where it is the identity (eval mode or p = 0): a call
+    skipped is a Python module call saved per layer and pass."""
+    return [d if d.training and d.p > 0 else None for d in model.dropouts]
+
+
 def stack_forward(model, h0, *, keep: bool):
     """Clean pass from h_0; returns ([h_0 .. h_{L-1}] if keep else [], y)."""
     hs = [h0] if keep else []
     h = h0
-    for layer, dropout in zip(model.layers[:-1], model.dropouts, strict=True):
-        h = model.act(dropout(layer(h)))  # (B, *shape_l)
+    for layer, dropout in zip(model.layers[:-1], active_dropouts(model), strict=True):
+        a = layer(h)
+        h = model.act(a if dropout is None else dropout(a))  # (B, *shape_l)
         if keep:
             hs.append(h)
     return hs, model.layers[-1](h)  # (B, d_L)
@@ -92,7 +99,10 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
         d = delta.reshape(batch, -1)  # (B, d_out)
         h = presynaptic.reshape(batch, -1)
         G = torch.addmm(d.new_zeros(()), d.T, h, beta=0, alpha=alpha)  # (d_out, d_in)
-        route_weight_grad(linear, G)
+        if parametrize.is_parametrized(linear, "weight"):
+            route_weight_grad(linear, G)
+        else:
+            linear.weight.grad = G  # the shape is the weight's by construction
         record_layer_grads(linear, d, presynaptic, alpha)  # the factors of G, for a Cayley retraction
         if linear.bias is not None:
             linear.bias.grad = d.sum(0).mul_(alpha)
@@ -169,9 +179,10 @@ class ModulatedForward(GradientEngine):
             s = self.error_scale()
             h = h0 + (self.sign * s) * self.feedback(model, h0, e)
             replay()
-            for i, (layer, dropout) in enumerate(zip(layers[:-1], model.dropouts, strict=True)):
+            for i, (layer, dropout) in enumerate(zip(layers[:-1], active_dropouts(model), strict=True)):
                 previous = h
-                h = model.act(dropout(layer(h)))  # h~_l
+                a = layer(h)
+                h = model.act(a if dropout is None else dropout(a))  # h~_l
                 presynaptic = previous if self.modulated_presynaptic else clean[i]
                 write_layer_grads(layer, presynaptic, clean[i + 1] - h, batch, scale=1 / s)
             # output layer

@@ -68,6 +68,13 @@ def _closed_form_derivative(model):
     return _DERIVATIVES.get(type(model.act))
 
 
+def _weight_version(layer: nn.Linear) -> tuple:
+    """What A_l depends on, as (storage, version) pairs: the weight, or a parametrization's tensors."""
+    if parametrize.is_parametrized(layer, "weight"):
+        return tuple((t.data_ptr(), t._version) for t in (*layer.parameters(), *layer.buffers()))
+    return layer.weight.data_ptr(), layer.weight._version
+
+
 def _is_orthogonal(layer: nn.Module) -> bool:
     inner = linear_part(layer)
     return orthogonal_method(inner if inner is not None else layer) is not None or getattr(
@@ -125,8 +132,7 @@ class Foton(ModulatedForward):
 
     def _dense_feedback(self, model) -> torch.Tensor:
         """F^T = A_L ... A_1, (d_L, d_0), output-first: cost d_L sum_l d_l d_{l-1}; cached by weight versions."""
-        key = tuple((t.data_ptr(), t._version) for layer in model.layers
-                    for t in (*layer.parameters(), *layer.buffers()))
+        key = tuple(_weight_version(layer) for layer in model.layers)
         if self._dense is None or self._dense[0] != key:
             F_T = model.layers[-1].weight  # (d_L, d_{L-1})
             for layer in reversed(model.layers[:-1]):
