@@ -333,22 +333,27 @@ def cayley_retract(W: Tensor, G: Tensor, lr: float) -> Tensor:
     r"""The Cayley retraction of the SGD step ``W - lr G`` onto the orthogonal set (dense form).
 
     With :math:`X` = ``W`` (out >= in) or ``W^T`` (out < in), so that :math:`X^\top X = I`,
-    and :math:`G_X` the gradient in the same frame (Wen & Yin 2013, eq. 7):
+    :math:`G_X` the gradient in the same frame and :math:`\hat G = (I - \tfrac12 X X^\top) G_X`
+    (Wen & Yin 2013, eq. 7 with the Euclidean metric, their section 3.1):
 
-    .. math::  A = G_X X^\top - X G_X^\top, \qquad
+    .. math::  A = \hat G X^\top - X \hat G^\top, \qquad
                Y = (I + \tfrac{lr}{2} A)^{-1} (I - \tfrac{lr}{2} A)\, X
                  = X - lr\,(I + \tfrac{lr}{2} A)^{-1} A X .
 
     A is skew-symmetric, so the Cayley factor is orthogonal and :math:`Y^\top Y = I`
-    up to rounding; :math:`\dot Y(0) = -(G_X - X G_X^\top X)`, the Riemannian gradient
-    under the canonical metric. A weight decay term :math:`\lambda X` adds
-    :math:`\lambda(X X^\top - X X^\top) = 0` to A: it has no effect on an orthogonal layer.
+    up to rounding; :math:`\dot Y(0) = -A X = -[(I - X X^\top) G_X + X \operatorname{skew}(X^\top G_X)]`,
+    the gradient projected on the tangent space: to first order in lr the step is SGD followed
+    by a projection onto the orthogonal set (``bjorck``, ``polar``), so one learning rate means
+    the same for both. (For a square W, :math:`\hat G = G/2`: the canonical-metric step at lr/2.)
+    A weight decay term :math:`\lambda X` adds :math:`\tfrac{\lambda}{2}(X X^\top - X X^\top) = 0`
+    to A: it has no effect on an orthogonal layer.
     The step keeps :math:`X^\top X` as it was; a drift from orthogonality above 64 eps (rms
     eigenvalue of :math:`X^\top X - I`; a float32 model moved to float64, say) is removed by one
     Björck iteration after it. Cost :math:`O(n^3)` (n = max(out, in)). Pure; returns the new weight.
     """
     X, transposed = _stiefel_frame(W)
     GX = G.mT if transposed else G
+    GX = GX - 0.5 * (X @ (X.mT @ GX))  # the Euclidean metric's G^
     half = lr / 2
     A = GX @ X.mT
     A = A - A.mT  # G X^T - X G^T, (n, n)
@@ -400,9 +405,10 @@ def cayley_retract_lowrank(W: Tensor, P: Tensor, Q: Tensor, lr: float, *,
 
     ``P``: (out, r), ``Q``: (in, r); for a linear layer r is the batch (P the output
     errors scaled by 1/B, Q the inputs), so the skew matrix :math:`A` has rank <= 2r.
-    In the frame :math:`X` (see :func:`cayley_retract`) with :math:`G_X = P_X Q_X^\top`
-    and :math:`K = X Q_X`, :math:`A = U V^\top` with :math:`U = [P_X, K]`,
-    :math:`V = [K, -P_X]`, and
+    In the frame :math:`X` (see :func:`cayley_retract`) with :math:`\hat G = P_X Q_X^\top`
+    (:math:`P_X` already carries the metric's :math:`-\tfrac12 X X^\top`: a halved lr for a
+    square X, one more (n, p, r) product otherwise) and :math:`K = X Q_X`,
+    :math:`A = U V^\top` with :math:`U = [P_X, K]`, :math:`V = [K, -P_X]`, and
 
     .. math::  Y = X - lr\, U \,(I_{2r} + \tfrac{lr}{2} V^\top U)^{-1}\, V^\top X,
                \qquad V^\top X = [\,Q_X^\top;\ -(X^\top P_X)^\top\,],
@@ -428,6 +434,12 @@ def cayley_retract_lowrank(W: Tensor, P: Tensor, Q: Tensor, lr: float, *,
         WtP = W.mT @ P  # (in, r)
     # frame quantities: P_X, Q_X, K = X Q_X, L = X^T P_X
     PX, QX, K, L = (Q, P, WtP, WQ) if transposed else (P, Q, WQ, WtP)
+    # the Euclidean metric: P_X <- P_X - X L / 2, so L <- L / 2 (X^T X = I); a square X has X L = P_X,
+    # which halves A: the same as halving lr
+    if X.shape[-2] == X.shape[-1]:
+        lr = lr / 2
+    else:
+        PX, L = PX - 0.5 * (X @ L), 0.5 * L
     half = lr / 2
     S = (K.mT @ PX).mul_(half)  # a S, (r, r); V^T U = [[S, K^T K], [-P_X^T P_X, -S^T]], a = lr / 2
     C = (K.mT @ K).mul_(half)  # a K^T K

@@ -270,3 +270,22 @@ def test_jvp_from_kept_activations_equals_the_lockstep_jvp(activation, monkeypat
     lockstep = grads(Foton(mode="jvp"), model, x, y)
     for name in fast:
         torch.testing.assert_close(fast[name], lockstep[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_output_error_closed_form_equals_autograd_and_ignored_targets_fall_back():
+    """softmax(T y) - onehot for the mean cross-entropy, the same as the autograd route it replaces."""
+    import torch.nn.functional as F
+
+    from tasks.base import IGNORE_INDEX, cross_entropy_loss
+    from trainers.engines.forward_only import output_error
+
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(7, 5, generator=gen, dtype=torch.float64)
+    t = torch.tensor([0, 1, 2, 3, 4, 0, 1])
+    for T in (1.0, 3.0):
+        reference = output_error(y, t, lambda o, tt: F.cross_entropy(o, tt), T)  # not a known loss: autograd
+        for loss_fn in (F.cross_entropy, cross_entropy_loss):
+            assert torch.allclose(output_error(y, t, loss_fn, T), reference, atol=1e-15, rtol=0)
+    t[2] = IGNORE_INDEX  # an ignored row: the closed form does not apply, autograd gives a zero row
+    e = output_error(y, t, cross_entropy_loss)
+    assert torch.equal(e[2], torch.zeros(5, dtype=torch.float64))

@@ -47,9 +47,10 @@ def factors(out, inp, r, scale=1.0, seed=1):
 
 
 def textbook_cayley(W, G, lr):
-    """(I + lr/2 A)^{-1} (I - lr/2 A) X with A = G_X X^T - X G_X^T, written out literally."""
+    """(I + lr/2 A)^{-1} (I - lr/2 A) X with A = G^ X^T - X G^^T, G^ = (I - X X^T / 2) G_X, written out."""
     wide = W.shape[0] < W.shape[1]
     X, GX = (W.T, G.T) if wide else (W, G)
+    GX = (torch.eye(X.shape[0], dtype=F64) - X @ X.T / 2) @ GX
     A = GX @ X.T - X @ GX.T
     eye = torch.eye(A.shape[0], dtype=F64)
     Y = torch.linalg.inv(eye + lr / 2 * A) @ (eye - lr / 2 * A) @ X
@@ -69,15 +70,21 @@ def test_dense_step_is_the_textbook_cayley_transform_and_orthogonal(shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_first_order_step_is_the_riemannian_gradient(shape):
-    """(Y - W) / lr -> -(G - W G^T W) as lr -> 0 (canonical metric), so the retraction follows SGD on the
-    manifold; a weight decay term lambda W changes nothing (A gains lambda (X X^T - X X^T) = 0)."""
+def test_first_order_step_is_sgd_then_projection(shape):
+    """(Y - W) / lr -> -[(I - X X^T) G_X + X skew(X^T G_X)], the gradient projected on the tangent space,
+    which is also the first-order step of SGD followed by the polar projection: one lr means the same
+    for the retraction and for bjorck/polar. A weight decay term lambda W changes nothing."""
     out, inp = SHAPES[shape]
     W = orthogonal_matrix(out, inp)
     G = torch.randn(out, inp, generator=torch.Generator().manual_seed(4), dtype=F64)
-    lr = 1e-8  # the second-order term is O(lr |A|^2), the rounding O(eps / lr)
-    riemannian = G - W @ G.T @ W
-    assert torch.allclose((cayley_retract(W, G, lr) - W) / lr, -riemannian, atol=1e-5, rtol=0)
+    wide = out < inp
+    X, GX = (W.T, G.T) if wide else (W, G)
+    tangent = GX - X @ (X.T @ GX + GX.T @ X) / 2
+    tangent = tangent.T if wide else tangent
+    lr = 1e-8  # the second-order terms are O(lr |G|^2), the rounding O(eps / lr)
+    step = (cayley_retract(W, G, lr) - W) / lr
+    assert torch.allclose(step, -tangent, atol=1e-5, rtol=0)
+    assert torch.allclose(step, (polar(W - lr * G) - W) / lr, atol=1e-5, rtol=0)
     assert torch.allclose(cayley_retract(W, G + 0.7 * W, 0.3), cayley_retract(W, G, 0.3), atol=1e-13, rtol=0)
 
 
@@ -323,3 +330,28 @@ def test_the_readme_loop_runs_as_written():
     assert scope["retraction"].lowrank_steps == 3
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert orthogonality_error(model) < 1e-13
+
+
+def test_the_trainer_notes_a_dense_fallback_once(task, capsys):
+    """An engine whose .grad differs from what autograd saw (here: doubled) gets the exact dense step, and
+    the run says so in one note, not once per step."""
+    from trainers.engines.backprop import Backprop
+
+    class Doubled(Backprop):
+        def compute_grads(self, model, inputs, targets, loss_fn):
+            out = super().compute_grads(model, inputs, targets, loss_fn)
+            for p in model.parameters():
+                p.grad.mul_(2)
+            return out
+
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=10, out_features=5, depth=3, width=24, activation="tanh",
+                         orthogonal="retraction")
+    trainer = trainers.Trainer(model, Doubled(), task, batch_size=16, progress=False, optimizer="sgd", momentum=0.0,
+                               lr=0.1, grad_agreement_every=0, dtype="float64")
+    trainer.fit(steps=5)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "dense Cayley step" in line]
+    assert notes == ["note: retracted layers took the exact dense Cayley step, O(n^3) per layer: the engine's "
+                     "gradient differs from the recorded factors"]
+    assert trainer.retraction.dense_steps == 5 * 2 and trainer.retraction.lowrank_steps == 0
+    assert orthogonality_error(trainer.model) < 1e-12

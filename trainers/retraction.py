@@ -2,7 +2,9 @@ r"""Orthogonal layers kept exact by the step itself: the Cayley retraction of SG
 
 A layer marked ``"retraction"`` (``models.orthogonal.make_orthogonal``) is never
 projected. Its SGD step ``W - lr G`` is replaced by the Cayley retraction of that
-step onto the orthogonal set (``models.orthogonal.cayley_retract``). The gradient
+step onto the orthogonal set (``models.orthogonal.cayley_retract``; to first order in
+lr it is SGD followed by a projection, so a learning rate tuned for ``bjorck`` means
+the same here). The gradient
 of a linear layer is a sum over the batch of outer products, G = P Q^T with
 P = output errors / B (out x r) and Q = inputs (in x r), so the retraction is applied
 by the Woodbury identity at O(r n p) (``cayley_retract_lowrank``) instead of a
@@ -133,7 +135,8 @@ class CayleyRetraction:
         if id(weight) not in self._ids:
             return
         rows = delta.shape[:-1].numel()
-        pre = next((p for x, p in self._forward.get(id(weight), ()) if x is presynaptic), None)
+        seen = self._forward.pop(id(weight), ())  # this layer's no-grad calls, not kept past its gradient
+        pre = next((p for x, p in seen if x is presynaptic), None)
         self._factors.setdefault(id(weight), []).append(
             _Part(delta.reshape(rows, -1), presynaptic.reshape(rows, -1), alpha,
                   None if pre is None else pre.reshape(rows, -1)))

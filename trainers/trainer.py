@@ -161,6 +161,7 @@ class Trainer:
         self.has_orthogonal = bool(methods)
         self.needs_projection = bool(methods & set(PROJECTED_METHODS))
         self.retraction = CayleyRetraction(model)
+        self._noted: set[str] = set()  # dense-step reasons already noted
         if self.retraction and (cfg.optimizer != "sgd" or cfg.momentum != 0):
             raise ConfigError(
                 f"orthogonal=retraction takes plain SGD steps ({spell('optimizer')} sgd, {spell('momentum')} 0; "
@@ -486,6 +487,10 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if self.retraction:
             self.retraction.step(self.optimizer, grad_scale=clip)
+            for reason in sorted(self.retraction.dense_reasons - self._noted):
+                self._noted.add(reason)
+                if self.parallel.is_main:
+                    note(f"retracted layers took the exact dense Cayley step, O(n^3) per layer: {reason}")
         else:
             self.optimizer.step()
         if self.scheduler:

@@ -25,9 +25,11 @@ end the RNG is left where one forward pass leaves it.
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from models.orthogonal import route_weight_grad
+from tasks.base import cross_entropy_loss
 from trainers.engine import GradientEngine, StepOutput, write_grads
 from trainers.protocols import LayerStack, require
 from trainers.retraction import record_layer_grads
@@ -35,6 +37,9 @@ from trainers.rng import set_torch_rng_state, torch_rng_state
 
 __all__ = ["active_dropouts", "stack_forward", "output_error", "layer_adjoint", "write_layer_grads", "linear_part",
            "MaskReplay", "ModulatedForward"]
+
+
+_MEAN_CROSS_ENTROPY = (F.cross_entropy, cross_entropy_loss)  # losses whose output error has a closed form
 
 
 def linear_part(layer: nn.Module) -> nn.Linear | None:
@@ -74,9 +79,16 @@ def output_error(y, targets, loss_fn, temperature: float = 1.0) -> torch.Tensor:
     """Per-sample output error e = B * d loss_fn(T y, t) / dy / T, shape (B, d_L).
 
     For the mean cross-entropy this is ``softmax(T y) - onehot(t)`` (FOTON's
-    ``ce_T`` convention); with T = 1 it is B times the exact gradient of the
-    mean loss, for any loss. One local autograd call on the loss head only.
+    ``ce_T`` convention), computed in that closed form for ``F.cross_entropy`` and the
+    tasks' ``cross_entropy_loss`` on class labels; with T = 1 it is B times the exact
+    gradient of the mean loss, for any loss, which other losses get from one local
+    autograd call on the loss head only.
     """
+    if loss_fn in _MEAN_CROSS_ENTROPY and y.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point() \
+            and int(targets.min()) >= 0:
+        e = torch.softmax(temperature * y, dim=-1)
+        e[torch.arange(y.shape[0], device=y.device), targets] -= 1
+        return e
     with torch.enable_grad():
         y = y.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(loss_fn(temperature * y, targets), y)
