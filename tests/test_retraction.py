@@ -278,6 +278,20 @@ def test_momentum_and_adam_are_refused_in_one_line(task, overrides):
         make_trainer(task, **overrides)
 
 
+@pytest.mark.parametrize("optimizer", [lambda ps: torch.optim.Adam(ps, lr=0.1),
+                                       lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)])
+def test_the_step_refuses_an_optimizer_whose_step_is_not_plain_sgd(optimizer):
+    model = mlp()
+    x, y = batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    retraction = CayleyRetraction(model)
+    with retraction.recording():
+        F.cross_entropy(model(x), y).backward()
+    with pytest.raises(ConfigError, match="retracted layers take plain SGD steps"):
+        retraction.step(optimizer(model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 def test_command_line_refusal_names_the_flags(tmp_path, capsys):
     code = train_main(["--task", "teacher", "--task-option", "n_train=64", "--depth", "2", "--width", "8",
                        "--orthogonal", "retraction", "--optimizer", "adam", "--steps", "1", "--progress", "false",

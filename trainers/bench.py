@@ -209,6 +209,7 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
     """Step time (compute_grads + SGD step + orthogonality upkeep, round-robin against backprop)
     and peak memory of each trainer on square MLPs."""
     rows = []
+    upkeep = f"{orthogonal} x{orthogonal_iters}" if orthogonal == "bjorck" else str(orthogonal)
     progress = _SuiteProgress("engines", len(depths) * len(widths) * len(_backprop_first(trainers)))
     for depth in depths:
         for width in widths:
@@ -218,10 +219,11 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
                                       orthogonal_iters=orthogonal_iters)
             for row in _time_trainers(trainers, build, x, y, F.cross_entropy, device, steps, warmup,
                                       progress, f"depth {depth} width {width}", after=project_,
-                                      optimizer=functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9),
+                                      optimizer=functools.partial(torch.optim.SGD, lr=1e-3,
+                                                                  momentum=0.0 if orthogonal == "retraction" else 0.9),
                                       step_memory=True):
                 rows.append({"suite": "engines", "trainer": row.pop("trainer"), "depth": depth, "width": width,
-                             "batch_size": batch_size, "orthogonal": f"{orthogonal} x{orthogonal_iters}", **row})
+                             "batch_size": batch_size, "orthogonal": upkeep, **row})
     return rows
 
 

@@ -73,7 +73,8 @@ MODEL_FLAGS = {
     "activation": (str, f"hidden activation: {', '.join(models.activations.ACTIVATIONS)}"),
     "dropout": (float, "dropout probability"),
     "bias": (str, "use biases: true or false"),
-    "orthogonal": (str, "orthogonal hidden layers: none, expm, cayley (geotorch) or bjorck, polar (projection)"),
+    "orthogonal": (str, "orthogonal hidden layers: none, expm, cayley (geotorch), bjorck, polar (projection) or "
+                        "retraction (Cayley retraction of plain SGD steps)"),
     "orthogonal_iters": (int, "Bjorck iterations per projection"),
     "in_features": (int, "model input features (default: from the task)"),
     "out_features": (int, "model outputs (default: the task's classes)"),

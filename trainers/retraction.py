@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from models.orthogonal import RETRACTED_METHODS, cayley_retract, cayley_retract_lowrank, orthogonal_method
+from trainers.errors import ConfigError
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
 
@@ -200,6 +201,13 @@ class CayleyRetraction:
         """``optimizer.step()`` on every other parameter, the Cayley retraction of SGD on the retracted
         weights (at their param group's lr; ``grad_scale``: the clipping coefficient applied to .grad)."""
         lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+        for group in optimizer.param_groups:
+            if not isinstance(optimizer, torch.optim.SGD) or group.get("momentum", 0) != 0:
+                if any(id(p) in self._ids for p in group["params"]):
+                    raise ConfigError(
+                        f"retracted layers take plain SGD steps; got {type(optimizer).__name__} with momentum "
+                        f"{group.get('momentum', '-')} (momentum and Adam steps are not low-rank: use "
+                        f"orthogonal=bjorck, polar, expm or cayley with them)")
         weights = [m.weight for m in self.modules if id(m.weight) in lr_of and m.weight.grad is not None]
         grads = [w.grad for w in weights]
         for w in weights:
