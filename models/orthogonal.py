@@ -365,7 +365,12 @@ def cayley_retract(W: Tensor, G: Tensor, lr: float) -> Tensor:
     # the step keeps X^T X as it was; a drift above 64 eps (rms eigenvalue of X^T X - I) is removed
     gram = X.mT @ X
     gram.diagonal().sub_(1)
-    return bjorck(Y, 1) if gram.norm() > 64 * torch.finfo(W.dtype).eps * gram.shape[-1] ** 0.5 else Y
+    return bjorck(Y, 1) if gram.norm() > _drift_tolerance(W) * gram.shape[-1] ** 0.5 else Y
+
+
+def _drift_tolerance(W: Tensor) -> float:
+    """The drift from orthogonality (X^T X - I) a retraction step removes by one Björck iteration: 64 eps."""
+    return 64 * torch.finfo(W.dtype).eps
 
 
 def _drift_along(K: Tensor, QX: Tensor, columns: int = 16) -> float:
@@ -447,7 +452,7 @@ def cayley_retract_lowrank(W: Tensor, P: Tensor, Q: Tensor, lr: float, *,
     # K^T X = Q_X^T X^T X is Q_X^T while X^T X = I; the drift E = X^T X - I it leaves out would enter the
     # step multiplied by it, so when the drift seen along the batch's own vectors exceeds 64 eps the
     # step takes K^T X exactly and one Björck iteration removes the drift
-    drifted = _drift_along(K, QX) > 64 * torch.finfo(W.dtype).eps
+    drifted = _drift_along(K, QX) > _drift_tolerance(W)
     KtX = (X.mT @ K).mT if drifted else QX.mT
     Z1, Z2 = _woodbury_core(S, C, D, KtX, L.mT.neg())  # M^{-1} V^T X, with V^T X = [K^T X; -L^T]
     if inplace:  # X is W or a view of it

@@ -287,7 +287,7 @@ def test_the_step_refuses_an_optimizer_whose_step_is_not_plain_sgd(optimizer):
     retraction = CayleyRetraction(model)
     with retraction.recording():
         F.cross_entropy(model(x), y).backward()
-    with pytest.raises(ConfigError, match="retracted layers take plain SGD steps"):
+    with pytest.raises(ConfigError, match="orthogonal=retraction takes plain SGD steps"):
         retraction.step(optimizer(model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 

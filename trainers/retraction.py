@@ -12,8 +12,8 @@ projection's O(n^3); it also reuses the forward's pre-activations W Q.
 
 Where the factors come from, while :meth:`CayleyRetraction.recording` is open:
 
-* engines that differentiate through the modules (backprop, FA/DFA's output layer,
-  any autograd engine): a forward hook on each retracted ``nn.Linear`` keeps its
+* engines that differentiate through the modules (backprop, any autograd
+  engine): a forward hook on each retracted ``nn.Linear`` keeps its
   input rows and pre-activations and a hook on its output keeps the output
   gradient rows that autograd turns into ``weight.grad``;
 * forward-only engines (FOTON, PEPITA, FA/DFA): ``write_layer_grads`` reports its
@@ -28,7 +28,7 @@ exact, with one note.
 
 Only plain SGD has a low-rank step: momentum accumulates past steps into a dense
 matrix and Adam rescales each entry, so neither step is low-rank (their exact
-Cayley retraction costs the O(n^3) of a projection); the Trainer refuses them
+Cayley retraction costs the O(n^3) of a projection); ``check_optimizer`` refuses them
 for retracted layers and points to Björck, polar or geotorch. Weight decay has
 exactly no effect on an orthogonal layer's retraction (see ``cayley_retract``).
 A clipped gradient scales the factors by the same coefficient.
@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from models.orthogonal import RETRACTED_METHODS, cayley_retract, cayley_retract_lowrank, orthogonal_method
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, spell
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
 
@@ -196,18 +196,23 @@ class CayleyRetraction:
         return P, Q, _columns(parts, "HWt"), WtP, c
 
     # --------------------------------------------------------------- step
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse, in one line (``ConfigError``), an optimizer whose step on a retracted weight is not plain
+        SGD: momentum and Adam steps are not low-rank (module docstring)."""
+        for group in optimizer.param_groups:
+            if any(id(p) in self._ids for p in group["params"]) and (
+                    not isinstance(optimizer, torch.optim.SGD) or group.get("momentum", 0) != 0):
+                raise ConfigError(
+                    f"orthogonal=retraction takes plain SGD steps ({spell('optimizer')} sgd, {spell('momentum')} 0; "
+                    f"got {type(optimizer).__name__}, momentum {group.get('momentum', '-')}): momentum and Adam "
+                    f"steps are not low-rank; use orthogonal=bjorck, polar, expm or cayley with them")
+
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer, grad_scale: float = 1.0) -> None:
         """``optimizer.step()`` on every other parameter, the Cayley retraction of SGD on the retracted
         weights (at their param group's lr; ``grad_scale``: the clipping coefficient applied to .grad)."""
+        self.check_optimizer(optimizer)
         lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
-        for group in optimizer.param_groups:
-            if not isinstance(optimizer, torch.optim.SGD) or group.get("momentum", 0) != 0:
-                if any(id(p) in self._ids for p in group["params"]):
-                    raise ConfigError(
-                        f"retracted layers take plain SGD steps; got {type(optimizer).__name__} with momentum "
-                        f"{group.get('momentum', '-')} (momentum and Adam steps are not low-rank: use "
-                        f"orthogonal=bjorck, polar, expm or cayley with them)")
         weights = [m.weight for m in self.modules if id(m.weight) in lr_of and m.weight.grad is not None]
         grads = [w.grad for w in weights]
         for w in weights:

@@ -162,12 +162,8 @@ class Trainer:
         self.needs_projection = bool(methods & set(PROJECTED_METHODS))
         self.retraction = CayleyRetraction(model)
         self._noted: set[str] = set()  # dense-step reasons already noted
-        if self.retraction and (cfg.optimizer != "sgd" or cfg.momentum != 0):
-            raise ConfigError(
-                f"orthogonal=retraction takes plain SGD steps ({spell('optimizer')} sgd, {spell('momentum')} 0; "
-                f"got {cfg.optimizer}, momentum {cfg.momentum}): momentum and Adam steps are not low-rank; use "
-                f"orthogonal=bjorck, polar, expm or cayley with them")
         self.optimizer = build_optimizer(self.params, cfg)
+        self.retraction.check_optimizer(self.optimizer)
         self.scheduler = None
         self.step = 0
         self.saved_step: int | None = None  # step of the last checkpoint written or resumed from
