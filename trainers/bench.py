@@ -70,6 +70,7 @@ from trainers.options import parse_key_values
 from trainers.protocols import recurrent_forwards
 from trainers.registry import build_engine
 from trainers.retraction import CayleyRetraction
+from trainers.threads import last_choice
 from trainers.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
@@ -615,8 +616,11 @@ def write_results(rows: list[dict], out_dir, machine: str, command: str) -> str:
     """``bench.json`` and ``bench.md`` in ``out_dir``; returns the Markdown."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bench.json").write_text(json.dumps({"machine": machine, "command": command, "rows": rows}, indent=2))
-    text = f"Machine: {machine}\n\nCommand: `{command}`\n\n"
+    threads = last_choice()
+    (out_dir / "bench.json").write_text(json.dumps({"machine": machine, "command": command,
+                                                    "threads": {"count": threads.count, "reason": threads.reason},
+                                                    "rows": rows}, indent=2))
+    text = f"Machine: {machine}\n\nThreads: {threads.count} ({threads.reason})\n\nCommand: `{command}`\n\n"
     for suite in dict.fromkeys(r["suite"] for r in rows):
         text += f"### {suite}\n\n" + markdown_table([r for r in rows if r["suite"] == suite]) + "\n"
     (out_dir / "bench.md").write_text(text)

@@ -45,6 +45,7 @@ from trainers.recipes import recipe_for
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
 from trainers.rundir import note
+from trainers.threads import THREADS_ENV, set_threads
 from trainers.trainer import Trainer
 from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 
@@ -145,6 +146,7 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
     parser.add_argument("--run-name", default=None,
                         help="run folder under the experiment (default: the trainer's name; one trainer only)")
+    add_threads_flag(parser)
     group = parser.add_argument_group("data parallel (under torchrun)")
     group.add_argument("--dist-backend", default="auto", choices=BACKENDS,
                        help="process-group backend (default: auto, nccl on GPUs, gloo on the CPU)")
@@ -160,6 +162,13 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
         if dataclasses.fields(cls.Options):
             add_arguments(parser, cls.Options, prefix=f"{name}_", title=f"{name} options")
     return parser
+
+
+def add_threads_flag(parser) -> None:
+    """``--threads N|auto`` (``trainers.threads``)."""
+    parser.add_argument("--threads", default=None, metavar="N|auto",
+                        help=f"CPU threads of this process (default: {THREADS_ENV} if set, else OMP_NUM_THREADS, "
+                             "else auto: the cores no other process keeps busy at start, at least 1)")
 
 
 class Setup(NamedTuple):
@@ -308,6 +317,7 @@ def train_main(argv=None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
 
     def main():
+        set_threads(args.threads)
         check_run_flags(args)
         here = join_job(args)
         setup = build_from_args(args, args.trainer, settings=args.settings)
@@ -409,6 +419,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
 
     def main():
+        set_threads(args.threads)
         check_run_flags(args)
         here = join_job(args)
         seeds = _int_list(args.seeds, "--seeds")
@@ -497,9 +508,11 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (overhead suite)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.md")
+    add_threads_flag(parser)
     args = parser.parse_args(argv)
 
     def main():
+        set_threads(args.threads)
         if args.steps < 20:
             raise ConfigError(f"--steps must be >= 20 for a meaningful median, got {args.steps}")
         sizes = {flag: _int_list(getattr(args, flag), "--" + flag.replace("_", "-"), minimum=1)

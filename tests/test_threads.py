@@ -1,0 +1,89 @@
+"""Thread count per process (trainers/threads.py): the auto rule, its inputs, precedence, the flag."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainers import threads
+from trainers.cli import bench_main, train_main
+from trainers.errors import ConfigError
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("cores, busy, ranks, expected", [
+    (2, 0.0, 1, 2),    # idle: every core
+    (2, 1.0, 1, 1),    # one busy process beside us on 2 cores
+    (2, 1.9, 1, 1),    # fully loaded: still one thread
+    (2, 0.3, 1, 2),    # background noise rounds away
+    (16, 3.2, 1, 13),
+    (16, 0.0, 4, 4),   # four torchrun ranks share the machine
+    (2, 0.0, 4, 1),    # more ranks than cores: one each
+])
+def test_auto_rule_takes_the_cores_nobody_else_uses(cores, busy, ranks, expected):
+    assert threads.choose_threads(cores, busy, ranks) == expected
+
+
+def test_proc_stat_and_cgroup_quota_are_read_as_documented():
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    busy, total = threads._cpu_times("cpu  100 5 20 800 10 1 2 3 0 0\ncpu0 ...\n")
+    assert (busy, total) == (131, 941)
+    assert threads._quota_cores("200000 100000\n") == 2.0
+    assert threads._quota_cores("max 100000\n") is None
+    assert threads.usable_cores() >= 1
+
+
+def test_probe_sees_a_busy_process_and_not_itself():
+    """A spinning child is load elsewhere (>= half a core over the window); this process sleeping is not."""
+    child = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert threads.busy_cores_elsewhere(window=0.3) >= 0.5
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", ""])
+def test_bad_thread_counts_are_refused(text):
+    with pytest.raises(ConfigError, match="--threads must be a positive number of threads or 'auto'"):
+        threads.parse_threads(text)
+
+
+def test_flag_beats_environment_beats_omp(monkeypatch, restore_threads):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv(threads.THREADS_ENV, "2")
+    assert threads.set_threads("1") == (1, "--threads") and torch.get_num_threads() == 1
+    assert threads.set_threads(None) == (2, threads.THREADS_ENV) and torch.get_num_threads() == 2
+    monkeypatch.delenv(threads.THREADS_ENV)
+    assert threads.set_threads("auto") == (3, "OMP_NUM_THREADS")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda window=0.1: 0.0)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    choice = threads.set_threads(None)
+    assert choice.count == 2 and choice.reason.startswith("auto: 2 usable cores") and threads.last_choice() == choice
+    monkeypatch.setenv(threads.THREADS_ENV, "many")
+    with pytest.raises(ConfigError, match=threads.THREADS_ENV):
+        threads.set_threads(None)
+
+
+def test_commands_take_the_flag_and_bench_records_it(tmp_path, capsys, restore_threads):
+    code = train_main(["--threads", "0", "--logdir", str(tmp_path / "runs"), "--steps", "1", "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--threads must be a positive number" in err
+    assert not (tmp_path / "runs").exists()
+    out = tmp_path / "bench"
+    assert bench_main(["--suite", "scan", "--lengths", "8", "--hidden", "4", "--recurrent-batch-size", "2",
+                       "--steps", "20", "--threads", "1", "--out", str(out)]) == 0
+    record = json.loads((out / "bench.json").read_text())
+    assert record["threads"] == {"count": 1, "reason": "--threads"} and torch.get_num_threads() == 1
+    assert "Threads: 1 (--threads)" in (out / "bench.md").read_text()
