@@ -30,19 +30,29 @@ class ConsistentDropout(nn.Module):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
+        return x * self.mask_for(x)
+
+    def mask_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The scaled mask m / (1 - p) this module applies to ``x`` now: the frozen one (see ``frozen_masks``)
+        or a fresh Bernoulli draw from the torch RNG. For an engine that applies one mask to several passes
+        (``x * mask``) without a module call each time."""
         if self.frozen and self.mask is not None and self.mask.shape == x.shape:
-            return x * self.mask
+            return self.mask
         mask = torch.empty_like(x).bernoulli_(1.0 - self.p).div_(1.0 - self.p)
         if self.frozen:
             self.mask = mask
-        return x * mask
+        return mask
 
     @contextmanager
     def shared_mask(self):
         """Within the block this module draws its mask once and reuses it; dropped on exit.
 
         Lets an engine run two streams through one layer with one mask, layer
-        by layer, without keeping every layer's mask alive at once."""
+        by layer, without keeping every layer's mask alive at once. Inside
+        ``frozen_masks`` the frozen mask is used and kept."""
+        if self.frozen:
+            yield
+            return
         self.frozen, self.mask = True, None
         try:
             yield

@@ -17,10 +17,14 @@ last one. No backward pass through the network: the only autograd is local
 not plain ``nn.Linear``, e.g. parametrized convolutions; the VJP through a
 geotorch parametrization).
 
-Dropout masks: every pass restores the torch RNG to the state of the step's
-start, so each pass (and a backprop reference run from the same state, as in
-``trainers.gradient_agreement``) draws the same masks in layer order; at the
-end the RNG is left where one forward pass leaves it.
+Dropout masks: the clean pass draws each layer's mask once from the torch RNG
+(in layer order, from the step's start, as a backprop reference run from the same
+state would, e.g. ``trainers.gradient_agreement``) and keeps it for the modulated
+pass: one scaled mask of the layer's activation shape per active dropout, which
+doubles the activation memory the clean pass keeps (the masks are freed at the end
+of the step). The RNG is left where one forward pass leaves it. FOTON's ``lowmem``
+mode keeps no per-layer tensor: it replays the RNG instead (``MaskReplay``), so it
+draws every mask twice per step.
 """
 
 import torch
@@ -35,8 +39,8 @@ from trainers.protocols import LayerStack, require
 from trainers.retraction import record_layer_grads
 from trainers.rng import set_torch_rng_state, torch_rng_state
 
-__all__ = ["active_dropouts", "stack_forward", "output_error", "layer_adjoint", "write_layer_grads", "linear_part",
-           "MaskReplay", "ModulatedForward"]
+__all__ = ["active_dropouts", "stack_forward", "apply_mask", "output_error", "layer_adjoint", "write_layer_grads",
+           "linear_part", "MaskReplay", "ModulatedForward"]
 
 
 _MEAN_CROSS_ENTROPY = (F.cross_entropy, cross_entropy_loss)  # losses whose output error has a closed form
@@ -63,16 +67,28 @@ def active_dropouts(model) -> list:
     return [d if d.training and d.p > 0 else None for d in model.dropouts]
 
 
-def stack_forward(model, h0, *, keep: bool):
-    """Clean pass from h_0; returns ([h_0 .. h_{L-1}] if keep else [], y)."""
+def stack_forward(model, h0, *, keep: bool, masks: list | None = None):
+    """Clean pass from h_0; returns ([h_0 .. h_{L-1}] if keep else [], y). With ``masks`` (a list), the
+    scaled mask each hidden layer's dropout drew is appended to it (None where the dropout is the identity),
+    for a second pass over the same batch (``apply_mask``)."""
     hs = [h0] if keep else []
     h = h0
     for layer, dropout in zip(model.layers[:-1], active_dropouts(model), strict=True):
         a = layer(h)
-        h = model.act(a if dropout is None else dropout(a))  # (B, *shape_l)
+        if dropout is not None:
+            mask = dropout.mask_for(a)
+            a = a * mask
+        if masks is not None:
+            masks.append(None if dropout is None else mask)
+        h = model.act(a)  # (B, *shape_l)
         if keep:
             hs.append(h)
     return hs, model.layers[-1](h)  # (B, d_L)
+
+
+def apply_mask(a: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Dropout with a mask the clean pass drew (``stack_forward(..., masks=)``); None: the identity."""
+    return a if mask is None else a * mask
 
 
 def output_error(y, targets, loss_fn, temperature: float = 1.0) -> torch.Tensor:
@@ -127,7 +143,8 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
 
 
 class MaskReplay:
-    """Same dropout masks in every pass of one step, by replaying the torch RNG.
+    """Same dropout masks in every pass of one step, by replaying the torch RNG (FOTON's ``lowmem`` mode,
+    which keeps no mask between its passes).
 
         with MaskReplay() as replay:
             first pass            # draws the masks
@@ -182,19 +199,18 @@ class ModulatedForward(GradientEngine):
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         batch, layers, T = inputs.shape[0], model.layers, self.temperature()
-        with torch.no_grad(), parametrize.cached(), MaskReplay() as replay:
-            # clean pass, keeping h_0 .. h_{L-1}
+        with torch.no_grad(), parametrize.cached():
+            # clean pass, keeping h_0 .. h_{L-1} and the dropout masks
             h0 = model.input_features(inputs)
-            clean, y = stack_forward(model, h0, keep=True)
+            masks: list = []
+            clean, y = stack_forward(model, h0, keep=True, masks=masks)
             e = output_error(y, targets, loss_fn, T)  # (B, d_L)
             # modulated pass with the same masks; hidden updates on the fly
             s = self.error_scale()
             h = h0 + (self.sign * s) * self.feedback(model, h0, e)
-            replay()
-            for i, (layer, dropout) in enumerate(zip(layers[:-1], active_dropouts(model), strict=True)):
+            for i, (layer, mask) in enumerate(zip(layers[:-1], masks, strict=True)):
                 previous = h
-                a = layer(h)
-                h = model.act(a if dropout is None else dropout(a))  # h~_l
+                h = model.act(apply_mask(layer(h), mask))  # h~_l
                 presynaptic = previous if self.modulated_presynaptic else clean[i]
                 write_layer_grads(layer, presynaptic, clean[i + 1] - h, batch, scale=1 / s)
             # output layer

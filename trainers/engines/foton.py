@@ -17,9 +17,10 @@ Options: ``mode`` (``difference``: the paper's rule, clean activations kept;
 cancellation between two large passes: without active dropout and with tanh,
 ReLU or identity, propagated from the kept clean activations with act' read
 off them (backprop's cost); otherwise by forward-mode AD in lockstep with a
-recomputed clean pass; ``lowmem``: a first pass computes only
-e, then the clean and modulated passes run in lockstep layer by layer, so
-activation memory does not grow with depth), ``temperature`` (the paper code's
+recomputed clean pass, with the dropout masks of the first pass kept;
+``lowmem``: a first pass computes only e, then the clean and modulated passes run
+in lockstep layer by layer, so activation memory does not grow with depth; it keeps
+no mask either, so each mask is drawn twice, by replaying the RNG), ``temperature`` (the paper code's
 ``ce_T``), ``feedback`` (``dense``: F^T = A_L ... A_1 built output-first and
 cached until a weight changes; ``adjoint``: the chain of adjoint maps applied
 to e, as for convolutions; ``auto``: dense for all-``nn.Linear`` stacks).
@@ -43,6 +44,7 @@ from trainers.engine import StepOutput
 from trainers.engines.forward_only import (
     MaskReplay,
     ModulatedForward,
+    apply_mask,
     layer_adjoint,
     linear_part,
     output_error,
@@ -154,36 +156,52 @@ class Foton(ModulatedForward):
             return super().compute_grads(model, inputs, targets, loss_fn)
         if self.options.mode == "jvp" and _closed_form_derivative(model) is not None:
             return self._jvp_from_kept_activations(model, inputs, targets, loss_fn)
+        if self.options.mode == "jvp":
+            return self._jvp_lockstep(model, inputs, targets, loss_fn)
+        return self._lowmem(model, inputs, targets, loss_fn)
+
+    def _jvp_lockstep(self, model, inputs, targets, loss_fn) -> StepOutput:
+        """``jvp`` mode with active dropout or another layer or activation: a first pass takes e and keeps the
+        dropout masks, then (h_l, J_l F e) layer by layer, a forward-mode JVP along F e with the same masks."""
+        batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
+        with torch.no_grad(), parametrize.cached():
+            h0 = model.input_features(inputs)
+            masks: list = []
+            _, y = stack_forward(model, h0, keep=False, masks=masks)
+            e = output_error(y, targets, loss_fn, T)
+            direction = self.feedback(model, h0, e)  # F e: h_0 - h~_0
+            h = h0
+            for layer, mask in zip(layers[:-1], masks, strict=True):
+                if isinstance(layer, nn.Linear):  # linear map: the tangent is W t, no functorch call
+                    a, da = layer(h), linear(direction, layer.weight)
+                else:
+                    a, da = torch.func.jvp(layer, (h,), (direction,))
+                h_next, direction = torch.func.jvp(model.act, (apply_mask(a, mask),), (apply_mask(da, mask),))
+                write_layer_grads(layer, h, direction, batch)
+                h = h_next
+            write_layer_grads(layers[-1], h, e, batch)
+            loss = loss_fn(y, targets)
+        return StepOutput(loss=loss, outputs=y)
+
+    def _lowmem(self, model, inputs, targets, loss_fn) -> StepOutput:
+        """``lowmem`` mode: a first pass takes only e (nothing kept), then the clean and modulated passes run in
+        lockstep with one mask per layer, drawn again by replaying the RNG (``MaskReplay``): no tensor per
+        layer outlives its layer, at the price of drawing every mask twice."""
         batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
         with torch.no_grad(), parametrize.cached(), MaskReplay() as replay:
-            # first pass: only the error (nothing kept)
             h0 = model.input_features(inputs)
             _, y = stack_forward(model, h0, keep=False)
             e = output_error(y, targets, loss_fn, T)
             direction = self.feedback(model, h0, e)  # F e: h_0 - h~_0
             replay()
-            h = h0
-            if self.options.mode == "jvp":
-                # (h_l, J_l F e) layer by layer: a forward-mode JVP along F e
-                for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
-                    if isinstance(layer, nn.Linear):  # linear map: the tangent is W t, no functorch call
-                        a, da = layer(h), linear(direction, layer.weight)
-                    else:
-                        a, da = torch.func.jvp(layer, (h,), (direction,))
-                    with dropout.shared_mask():
-                        z, dz = dropout(a), dropout(da)
-                    h_next, direction = torch.func.jvp(model.act, (z,), (dz,))
-                    write_layer_grads(layer, h, direction, batch)
-                    h = h_next
-            else:
-                # lockstep clean and modulated passes; only the current layer is alive
-                s = self.options.error_scale
-                h_mod = h0 - s * direction
-                for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
-                    with dropout.shared_mask():
-                        h_next, h_mod = model.act(dropout(layer(h))), model.act(dropout(layer(h_mod)))
-                    write_layer_grads(layer, h, h_next - h_mod, batch, scale=1 / s)
-                    h = h_next
+            # lockstep clean and modulated passes; only the current layer is alive
+            h, s = h0, self.options.error_scale
+            h_mod = h0 - s * direction
+            for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
+                with dropout.shared_mask():
+                    h_next, h_mod = model.act(dropout(layer(h))), model.act(dropout(layer(h_mod)))
+                write_layer_grads(layer, h, h_next - h_mod, batch, scale=1 / s)
+                h = h_next
             write_layer_grads(layers[-1], h, e, batch)
             loss = loss_fn(y, targets)
         return StepOutput(loss=loss, outputs=y)
