@@ -369,3 +369,44 @@ def test_the_trainer_notes_a_dense_fallback_once(task, capsys):
                      "gradient differs from the recorded factors"]
     assert trainer.retraction.dense_steps == 5 * 2 and trainer.retraction.lowrank_steps == 0
     assert orthogonality_error(trainer.model) < 1e-12
+
+
+class HostReads:
+    """Counts the calls that bring a tensor's value to the host (item, tolist, bool, float, int): on a GPU
+    each is a synchronisation."""
+
+    METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original):
+                self.count += 1
+                return _original(tensor, *args)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.parametrize("engine", ["backprop", "foton"])
+def test_a_step_reads_the_host_once_whatever_the_depth(engine, monkeypatch):
+    """Every layer's checks (factors against .grad, drift, size of the step) are read in one host
+    synchronisation, and the small systems of same-shape layers are solved in one batched call."""
+    reads = {}
+    for depth in (3, 9):
+        model, (x, y) = mlp(depth=depth), batch()
+        reference = copy.deepcopy(model)
+        trainers.build_engine(engine).compute_grads(reference, x, y, F.cross_entropy)
+        retraction = CayleyRetraction(model)
+        with retraction.recording():
+            trainers.build_engine(engine).compute_grads(model, x, y, F.cross_entropy)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+        with monkeypatch.context() as patch:
+            counter = HostReads(patch)
+            retraction.step(optimizer)
+        reads[depth] = counter.count
+        assert retraction.lowrank_steps == depth - 1 and retraction.dense_steps == 0
+        layer, ref = model.layers[-2], reference.layers[-2]
+        assert torch.allclose(layer.weight, cayley_retract(ref.weight.detach(), ref.weight.grad, 0.2), atol=1e-12)
+    assert reads == {3: 1, 9: 1}

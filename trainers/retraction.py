@@ -42,7 +42,15 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from models.orthogonal import RETRACTED_METHODS, cayley_retract, cayley_retract_lowrank, orthogonal_method
+from models.orthogonal import (
+    RETRACTED_METHODS,
+    LowRankCayley,
+    cayley_retract,
+    dense_drift,
+    finish_lowrank_cayley,
+    orthogonal_method,
+    prepare_lowrank_cayley,
+)
 from trainers.errors import ConfigError, spell
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
@@ -170,8 +178,9 @@ class CayleyRetraction:
             node.register_hook(keep_input_grad)
 
     def _lowrank_factors(self, weight: Tensor, grad_scale: float):
-        """``(P, Q, WQ, WtP, c)`` with ``weight.grad`` = c P Q^T if the recorded factors reproduce it (WQ = W Q,
-        WtP = W^T P where a pass computed them), else the reason they cannot be used (a string)."""
+        """``(P, Q, WQ, WtP, c, mismatch)`` with ``weight.grad`` = c P Q^T when the 0-d tensor ``mismatch`` is
+        below 1 (the random-vector check; read by ``step`` with the other layers', one host sync); WQ = W Q,
+        WtP = W^T P where a pass computed them. A string: why no factors can be used."""
         parts = self._factors.get(id(weight))
         if not parts:
             return "no gradient factors were recorded (not an nn.Linear, or gradients averaged over ranks)"
@@ -191,9 +200,8 @@ class CayleyRetraction:
         Qv = Q.mT @ v
         exact, factored = grad @ v, (P @ Qv).mul_(c)
         tolerance = torch.finfo(grad.dtype).eps ** 0.5 * (exact.norm() + abs(c) * P.norm() * Qv.norm())
-        if not (exact - factored).norm() <= tolerance:
-            return "the engine's gradient differs from the recorded factors"
-        return P, Q, _columns(parts, "HWt"), WtP, c
+        mismatch = (exact - factored).norm() / tolerance.clamp_min(torch.finfo(grad.dtype).tiny)
+        return P, Q, _columns(parts, "HWt"), WtP, c, mismatch.nan_to_num(nan=2.0)
 
     # --------------------------------------------------------------- step
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -222,15 +230,40 @@ class CayleyRetraction:
         finally:
             for w, g in zip(weights, grads, strict=True):
                 w.grad = g
+        # each layer's step planned with its checks as 0-d tensors, all read in one host synchronisation:
+        # [factors disagree with .grad, fast low-rank path unsafe, drift for a dense step], each >= 1 when true
+        plans, checks = [], []
         for w in weights:
-            lr = lr_of[id(w)]
             found = self._lowrank_factors(w, grad_scale)
+            zero = w.new_zeros((), dtype=torch.float64)
             if isinstance(found, str):
+                plans.append((w, found))
+                checks.append(torch.stack([zero + 2, zero, dense_drift(w).double()]))
+                continue
+            P, Q, WQ, WtP, c, mismatch = found
+            if 2 * P.shape[-1] >= min(w.shape):  # at a rank that is not low the dense form is cheaper, and exact
+                plans.append((w, None))
+                checks.append(torch.stack([mismatch.double(), zero, dense_drift(w).double()]))
+                continue
+            step = prepare_lowrank_cayley(w, P, Q, lr_of[id(w)] * c, WQ=WQ, WtP=WtP)
+            plans.append((w, step))
+            checks.append(torch.stack([mismatch.double(), step.risk.double(), zero]))
+        flags = torch.stack(checks).ge(1).tolist() if checks else []  # the step's only host sync
+        lowrank, safe = [], []
+        for (w, plan), (mismatched, risky, drifted) in zip(plans, flags, strict=True):
+            if isinstance(plan, str) or mismatched:
                 self.dense_steps += 1
-                self.dense_reasons.add(found)
-                w.copy_(cayley_retract(w, w.grad, lr))
-            else:
-                P, Q, WQ, WtP, c = found
+                self.dense_reasons.add(plan if isinstance(plan, str) else
+                                       "the engine's gradient differs from the recorded factors")
+                # a low-rank plan's drift for the dense form was not read: read now (this rare fallback only)
+                w.copy_(cayley_retract(w, w.grad, lr_of[id(w)],
+                                       drifted=None if isinstance(plan, LowRankCayley) else drifted))
+            elif plan is None:
                 self.lowrank_steps += 1
-                cayley_retract_lowrank(w, P, Q, lr * c, WQ=WQ, WtP=WtP, inplace=True)
+                w.copy_(cayley_retract(w, w.grad, lr_of[id(w)], drifted=drifted))
+            else:
+                self.lowrank_steps += 1
+                lowrank.append(plan)
+                safe.append(not risky)
+        finish_lowrank_cayley(lowrank, safe)
         self._factors, self._forward = {}, {}
