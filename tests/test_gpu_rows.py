@@ -1,0 +1,32 @@
+"""scripts/gpu_rows.sh, the GPU rows of BENCHMARKS.md in one run, works before a GPU is lent: its dry run
+(the same bench commands at tiny sizes on the CPU) writes every table it promises."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RESIDUAL = ["backprop"] + [f"highway:k={k},path={path}" for path in ("batched", "reference") for k in (0, 5, 10)]
+TABLES = {  # in the order the script runs them (on a GPU each highway table also comes in tf32)
+    "highway_gru_fp32_T8": ["backprop", "bptt_loop", "highway:k=0", "highway:k=5", "highway:k=10"],
+    "highway_residual_fp32": RESIDUAL,
+    "engines_bjorck": ["backprop", "foton"],
+    "engines_retraction": ["backprop", "foton"],
+    "upkeep": ["backprop"] * 3 + ["foton"] * 3,
+}
+
+def test_dry_run_writes_every_table(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_rows.sh"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for table, trainers in TABLES.items():
+        record = json.loads((tmp_path / table / "bench.json").read_text())
+        assert [row["trainer"] for row in record["rows"]] == trainers, table
+        assert all(row["step_ms"] > 0 for row in record["rows"]), table
+        assert record["threads"]["count"] >= 1 and "--device cpu" in record["command"]
+    timed = [line.split()[0] for line in (tmp_path / "times.txt").read_text().splitlines()]
+    assert timed == list(TABLES)
