@@ -330,14 +330,19 @@ def test_bench_grads_suite_times_compute_grads_alone(tmp_path):
 
     out = tmp_path / "b"
     assert bench_main(["--suite", "grads", "--trainers", "backprop;foton:mode=jvp;dfa", "--depths", "3",
-                       "--widths", "8", "--batch-size", "4", "--steps", "20", "--warmup", "1", "--out", str(out)]) == 0
+                       "--widths", "8", "--batch-size", "4", "--steps", "20", "--warmup", "1", "--dropout", "0.1",
+                       "--out", str(out)]) == 0
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert [r["trainer"] for r in rows] == ["backprop", "foton:mode=jvp", "dfa", "bare forward-only pass"]
+    assert all(r["dropout"] == 0.1 for r in rows)
+    assert bench_main(["--suite", "grads", "--dropout", "1.0", "--out", str(out)]) == 2
     assert rows[0]["ratio_to_backprop"] == 1.0 and all(r["grads_ms"] > 0 for r in rows)
 
 
-def test_the_bare_forward_only_pass_computes_fotons_gradients():
-    """The grads suite's floor computes what foton's difference rule writes (float64, biases included)."""
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_bare_forward_only_pass_computes_fotons_gradients(dropout):
+    """The grads suite's floor computes what foton's difference rule writes (float64, biases included), with
+    dropout the same masks from the same RNG state (one draw per layer in both)."""
     import torch
     import torch.nn.functional as F
 
@@ -346,10 +351,15 @@ def test_the_bare_forward_only_pass_computes_fotons_gradients():
 
     torch.manual_seed(0)
     model = models.build("mlp", in_features=6, out_features=4, depth=4, width=6, activation="tanh",
-                         orthogonal="bjorck").double()
+                         orthogonal="bjorck", dropout=dropout).double()
     x, y = torch.randn(5, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 1])
+    torch.manual_seed(1)
     trainers.build_engine("foton").compute_grads(model, x, y, F.cross_entropy)
+    torch.manual_seed(1)
     bare = bare_forward_only(model, x, y)
     assert len(bare) == len(list(model.parameters()))
     for p, g in zip(model.parameters(), bare, strict=True):
         assert torch.allclose(p.grad, g, atol=1e-12, rtol=0)
+    torch.manual_seed(2)
+    other = bare_forward_only(model, x, y)
+    assert (dropout > 0) == any(not torch.allclose(a, b) for a, b in zip(bare, other, strict=True))

@@ -229,9 +229,10 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
 
 
 def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
-                orthogonal="bjorck", orthogonal_iters=3) -> list[dict]:
+                orthogonal="bjorck", orthogonal_iters=3, dropout=0.0) -> list[dict]:
     """The gradient computation alone (``compute_grads``, no optimizer step, no upkeep) of each trainer on
-    square MLPs, round-robin against backprop: what an engine costs before the shared parts of a step."""
+    square MLPs (hidden ``dropout``), round-robin against backprop: what an engine costs before the shared
+    parts of a step."""
     rows = []
     bare = any(name.startswith("foton") for name in trainers)
     progress = _SuiteProgress("grads", len(depths) * len(widths) * (len(_backprop_first(trainers)) + bare))
@@ -241,7 +242,7 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
             torch.manual_seed(0)
             model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
                                  activation=activation, orthogonal=orthogonal,
-                                 orthogonal_iters=orthogonal_iters).to(device)
+                                 orthogonal_iters=orthogonal_iters, dropout=dropout).to(device)
             steps_by = {}
             for name in _backprop_first(trainers):
                 engine = engine_from_spec(name)
@@ -253,7 +254,7 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
             for name, t in timed.items():
                 progress(f"{name} depth {depth} width {width}", t["step_ms"])
                 rows.append({"suite": "grads", "trainer": name, "depth": depth, "width": width,
-                             "batch_size": batch_size, "grads_ms": t["step_ms"],
+                             "batch_size": batch_size, "dropout": dropout, "grads_ms": t["step_ms"],
                              "ratio_to_backprop": t["ratio_to_baseline"],
                              "ratio_spread": f"{t['ratio_min']:.3g}..{t['ratio_max']:.3g}"})
     return rows
@@ -297,16 +298,20 @@ def bench_upkeep(*, trainers, depths, widths, batch_sizes, steps, warmup, device
 
 def bare_forward_only(model, x, y) -> list[torch.Tensor]:
     """FOTON's gradient signal in the shape the authors' code computes it (foton.md section 4), written here
-    as a timing floor: a clean pass keeping h_0 .. h_{L-1} under inference mode, e = softmax(y) - onehot,
+    as a timing floor: a clean pass keeping h_0 .. h_{L-1} under inference mode, drawing each active dropout's
+    mask once (before the activation, as their ConsistentDropout), e = softmax(y) - onehot,
     F^T = W_L ... W_1 rebuilt (their default refreshes it every step), the modulated pass from
-    x - e F^T, and G_l = (h_l - h~_l)^T h_{l-1} / B, G_L = e^T h_{L-1} / B returned as a list, with the
-    biases' mean deltas their code intends (section 4, item 7): no .grad, no dropout, no
+    x - e F^T with the same masks, and G_l = (h_l - h~_l)^T h_{l-1} / B, G_L = e^T h_{L-1} / B returned as
+    a list, with the biases' mean deltas their code intends (section 4, item 7): no .grad, no
     parametrizations, no checks."""
     with torch.inference_mode():
         layers, act, batch = model.layers, model.act, x.shape[0]
-        hs, h = [x], x
-        for layer in layers[:-1]:
-            h = act(layer(h))
+        drop = [d.p if d.training and d.p > 0 else 0.0 for d in model.dropouts]
+        hs, h, masks = [x], x, []
+        for layer, p in zip(layers[:-1], drop, strict=True):
+            a = layer(h)
+            masks.append(torch.empty_like(a).bernoulli_(1 - p).div_(1 - p) if p else None)
+            h = act(a if masks[-1] is None else a * masks[-1])
             hs.append(h)
         e = torch.softmax(layers[-1](h), dim=-1)
         e[torch.arange(batch), y] -= 1
@@ -315,8 +320,9 @@ def bare_forward_only(model, x, y) -> list[torch.Tensor]:
             feedback = feedback @ layer.weight
         h = x - e @ feedback
         grads = []
-        for i, layer in enumerate(layers[:-1]):
-            h = act(layer(h))
+        for i, (layer, mask) in enumerate(zip(layers[:-1], masks, strict=True)):
+            a = layer(h)
+            h = act(a if mask is None else a * mask)
             delta = hs[i + 1] - h
             grads.append(torch.addmm(h.new_zeros(()), delta.T, hs[i], beta=0, alpha=1 / batch))
             if layer.bias is not None:

@@ -501,6 +501,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (all trainers alike)")
     parser.add_argument("--orthogonal", default="bjorck", help="orthogonality of the engines-suite MLP (or none)")
     parser.add_argument("--orthogonal-iters", type=int, default=3)
+    parser.add_argument("--dropout", type=float, default=0.0, help="hidden dropout of the MLP (grads suite)")
     parser.add_argument("--steps", type=int, default=30,
                         help="timed steps per trainer, interleaved: each round one step of every trainer, ratios "
                              "are medians over rounds (engines, recurrent, residual); per round for overhead; >= 20")
@@ -522,6 +523,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
             if getattr(args, flag) < (0 if flag == "warmup" else 1):
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= {0 if flag == 'warmup' else 1}, "
                                   f"got {getattr(args, flag)}")
+        if not 0.0 <= args.dropout < 1.0:
+            raise ConfigError(f"--dropout must be in [0, 1), got {args.dropout}")
         check_device(args.device)
         Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the timing
         engine_names = _trainer_specs(args.trainers) if args.trainers else _mlp_trainers()
@@ -559,7 +562,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
             rows += bench.bench_grads(trainers=engine_names, depths=sizes["depths"], widths=sizes["widths"],
                                       batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, device=device,
                                       orthogonal=None if args.orthogonal == "none" else args.orthogonal,
-                                      orthogonal_iters=args.orthogonal_iters)
+                                      orthogonal_iters=args.orthogonal_iters, dropout=args.dropout)
         if args.suite in ("upkeep", "all"):
             rows += bench.bench_upkeep(trainers=_trainer_specs(args.trainers or "backprop;foton"),
                                        depths=sizes["depths"], widths=sizes["widths"],
