@@ -1,0 +1,81 @@
+"""Uncertainty over seeds (trainers/stats.py) and the verdict read from it (trainers/verdict.py), against
+hand-computed cases and Student-t table values."""
+
+import math
+
+import pytest
+
+from trainers.stats import Paired, paired_test, summarize, t_cdf, t_quantile
+from trainers.verdict import default_target, is_exact, time_to_target, verdict_line
+
+
+@pytest.mark.parametrize("df, t975", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])
+def test_t_quantiles_match_the_table(df, t975):
+    assert t_quantile(0.975, df) == pytest.approx(t975, abs=1e-4)
+    assert t_cdf(t975, df) == pytest.approx(0.975, abs=1e-5)
+    assert t_cdf(0.0, df) == pytest.approx(0.5, abs=1e-12)
+    assert t_cdf(-t975, df) == pytest.approx(0.025, abs=1e-5)
+
+
+def test_t_with_many_degrees_of_freedom_is_normal():
+    assert t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-4)
+
+
+def test_summary_and_confidence_interval_by_hand():
+    s = summarize([0.80, 0.75, 0.80])
+    mean, sd = (0.80 + 0.75 + 0.80) / 3, math.sqrt(((0.8 - 0.7833333) ** 2 * 2 + (0.75 - 0.7833333) ** 2) / 2)
+    assert (s.n, s.mean, s.std) == (3, pytest.approx(mean), pytest.approx(sd, rel=1e-6))
+    half = 4.302653 * sd / math.sqrt(3)
+    assert (s.low, s.high) == (pytest.approx(mean - half, rel=1e-5), pytest.approx(mean + half, rel=1e-5))
+    assert summarize([0.5]) == (1, 0.5, None, None, None) and summarize([0.5]).text() == "0.5000 (n=1)"
+    assert "[" in s.text() and "(n=3)" in s.text()
+
+
+def test_paired_t_test_by_hand():
+    """d = (0.10, 0.05, 0.05): mean 1/15, sd 0.028868, se 1/60, t = 4.0, df = 2, p = 0.0572 (table: t = 4 at
+    df 2 has one-sided tail 0.0286); 95% CI 1/15 +- 4.3027 / 60."""
+    x, ref = {0: 0.90, 1: 0.80, 2: 0.85}, {0: 0.80, 1: 0.75, 2: 0.80, 7: 0.1}  # seed 7 has no pair: unused
+    p = paired_test(x, ref)
+    assert p.n == 3 and p.difference == pytest.approx(1 / 15)
+    assert p.t == pytest.approx(4.0, rel=1e-9) and p.p == pytest.approx(0.05719, abs=2e-5)
+    assert (p.low, p.high) == (pytest.approx(1 / 15 - 4.302653 / 60, rel=1e-5),
+                               pytest.approx(1 / 15 + 4.302653 / 60, rel=1e-5))
+    assert paired_test({0: 1.0}, {1: 1.0}) is None
+    assert paired_test({0: 0.9, 1: 0.8}, {0: 0.8, 1: 0.7}).t is None  # every difference the same: no t
+
+
+def paired(difference, low, high, n=3):
+    return Paired(n, difference, low, high, 5.0, 0.01)
+
+
+def test_verdicts_for_a_win_a_loss_noise_one_seed_and_an_exact_engine():
+    win = verdict_line("fa", "backprop", paired(0.05, 0.01, 0.09), "accuracy", True)
+    loss = verdict_line("dfa", "backprop", paired(-0.05, -0.09, -0.01), "accuracy", True)
+    noise = verdict_line("pepita", "backprop", paired(0.01, -0.02, 0.04), "accuracy", True)
+    assert "ahead of backprop" in win and "+0.0500" in win and "n = 3 seeds" in win
+    assert "behind backprop" in loss and "-0.0500" in loss
+    assert "within noise of backprop" in noise and "includes 0" in noise
+    # lower is better (perplexity): a negative difference is ahead
+    assert "ahead of" in verdict_line("dsf", "backprop", paired(-3.0, -5.0, -1.0), "perplexity", False)
+    one = verdict_line("foton", "backprop", Paired(1, 0.02, None, None, None, None), "accuracy", True)
+    assert "one seed" in one and "no uncertainty" in one
+    exact = verdict_line("highway", "backprop", paired(0.0, 0.0, 0.0), "accuracy", True, exact=True)
+    assert "exact" in exact and "not a tie by chance" in exact
+
+
+def test_time_to_target_on_a_synthetic_curve():
+    history = [{"step": s, "samples": 64 * s, "compute_ms": 2.0 * s, "eval/accuracy": a}
+               for s, a in ((10, 0.5), (20, 0.8), (30, 0.95), (40, 0.97))]
+    assert time_to_target(history, "accuracy", 0.9, True) == {"step": 30, "samples": 1920, "compute_ms": 60.0}
+    assert time_to_target(history, "accuracy", 0.99, True) is None
+    perplexity = [{"step": 1, "samples": 8, "eval/perplexity": 300.0}, {"step": 2, "samples": 16,
+                                                                         "eval/perplexity": 150.0}]
+    assert time_to_target(perplexity, "perplexity", 200.0, False) == {"step": 2, "samples": 16, "compute_ms": None}
+    assert default_target([0.9, 0.8], True) == pytest.approx(0.95 * 0.85)
+    assert default_target([100.0], False) == pytest.approx(100 / 0.95)
+
+
+def test_exact_means_every_logged_cosine_at_one():
+    assert is_exact([[{"grad/cosine_global": 1.0 - 1e-9}], [{"grad/cosine_global": 1.0}]])
+    assert not is_exact([[{"grad/cosine_global": 0.999}]])
+    assert not is_exact([[{"train/loss": 1.0}]])  # nothing logged: not claimed exact
