@@ -92,7 +92,7 @@ def test_experiment_lists_every_trainer_run_and_engine_option(experiment):
     assert not infos["task"].get("differs") and not infos["model.depth"].get("differs")
     # the tab shows the first five after a stable sort putting differing hparams first
     shown = [_label(h) for h in sorted(served, key=lambda h: not h.get("differs"))][:5]
-    assert shown[:2] == ["run", "trainer"]
+    assert shown[:3] == ["run", "trainer", "optimizer"]
 
 
 def test_experiment_metrics(experiment):
@@ -114,6 +114,10 @@ def test_session_groups_hold_each_run_with_its_values(experiment):
         record = _record(experiment, session["name"])
         assert group["hparams"]["_trainer"] == RUNS[record["run"]] == record["trainer"]
         assert group["hparams"] == session_hparams(record)
+        assert group["hparams"]["_trainer_optimizer"] == record["config"]["optimizer"]
+        # options the run's optimizer or schedule never reads are blank, not shown as defaults
+        assert ("momentum" in group["hparams"]) == (record["config"]["optimizer"] == "sgd")
+        assert not {"warmup_steps", "step_size", "gamma"} & set(group["hparams"])  # constant schedule
         assert session["status"] == "STATUS_SUCCESS"
         served = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
         assert served == pytest.approx({f"hparam/{k}": v for k, v in record["summary"].items()}, rel=1e-6)
@@ -126,8 +130,10 @@ def test_result_summary(experiment):
         assert record["summary"]["best_val_accuracy"] == record["best_val"]["accuracy"]
         assert record["summary"]["final_val_accuracy"] == record["final_val"]["accuracy"]
         assert record["summary"]["test_accuracy"] == record["test"]["accuracy"]
-        assert record["summary"]["step_ms"] == statistics.median(
-            r["time/step_ms"] for r in history if "time/step_ms" in r)
+        # the comparison's round-robin timing, not the run's own clock
+        assert record["summary"]["step_ms"] == record["timing"]["step_ms"] > 0
+        assert record["timing"]["compute_ms"] == pytest.approx(record["steps"] * record["timing"]["step_ms"])
+        assert history and statistics.median(r["time/step_ms"] for r in history if "time/step_ms" in r) > 0
         assert record["summary"]["grad_cosine"] == statistics.mean(
             r["grad/cosine_global"] for r in history if "grad/cosine_global" in r)
 

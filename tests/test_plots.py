@@ -63,3 +63,28 @@ def test_the_png_is_written(tmp_path, metric):
 def test_a_single_agreement_step_draws_without_warnings(tmp_path, recwarn):
     plot_comparison({"foton": [history({"w.weight": 0.5}, 0.5, steps=(0,))]}, "accuracy", tmp_path / "c.png")
     assert not [w for w in recwarn if "singular" in str(w.message)]
+
+
+def test_a_comparison_figure_reads_against_samples_and_compute_time_with_a_title(tmp_path, monkeypatch):
+    """Records with samples and compute_ms (a comparison's): the curves and heatmaps use samples seen, a row of
+    loss and metric against compute time follows, the norm-ratio colours span the data, every panel is used."""
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figures.append(self))
+
+    def timed(batch, ms, cosine, ratio):
+        return [{**r, "samples": batch * r["step"], "compute_ms": ms * r["step"]}
+                for r in history({"layers.0.weight": cosine, "layers.1.weight": cosine}, ratio, steps=(1, 2, 3))]
+
+    plot_comparison({"backprop": [timed(64, 2.0, 1.0, 1.0)], "foton": [timed(256, 1.0, 0.6, 1.26)]}, "accuracy",
+                    tmp_path / "c.png", title="exp: task digits, model mlp")
+    (fig,) = figures
+    assert fig._suptitle.get_text() == "exp: task digits, model mlp"
+    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert [ax.get_xlabel() for ax in axes] == ["training samples seen"] * 3 + ["compute time (s)"] * 2 + \
+        ["training samples seen"] * 2
+    assert all(ax.lines or ax.images for ax in axes)  # no empty panel
+    loss = axes[0].lines
+    assert [list(line.get_xdata()) for line in loss] == [[64, 128, 192], [256, 512, 768]]
+    assert list(axes[3].lines[1].get_xdata()) == pytest.approx([1e-3, 2e-3, 3e-3])  # foton: 1 ms a step
+    low, high = axes[-1].images[0].get_clim()
+    assert (low, high) == pytest.approx((-np.log10(1.26), np.log10(1.26)))  # the data's range, not +-3 decades

@@ -297,9 +297,9 @@ def bench_upkeep(*, trainers, depths, widths, batch_sizes, steps, warmup, device
 
 
 def bare_forward_only(model, x, y) -> list[torch.Tensor]:
-    """FOTON's gradient signal in the shape the authors' code computes it (foton.md section 4), written here
-    as a timing floor: a clean pass keeping h_0 .. h_{L-1} under inference mode, drawing each active dropout's
-    mask once (before the activation, as their ConsistentDropout), e = softmax(y) - onehot,
+    """FOTON's gradient signal in the shape the authors' released code computes it (its training step),
+    written here as a timing floor: a clean pass keeping h_0 .. h_{L-1} under inference mode, drawing each
+    active dropout's mask once (before the activation, as their ConsistentDropout), e = softmax(y) - onehot,
     F^T = W_L ... W_1 rebuilt (their default refreshes it every step), the modulated pass from
     x - e F^T with the same masks, and G_l = (h_l - h~_l)^T h_{l-1} / B, G_L = e^T h_{L-1} / B returned as
     a list, with the biases' mean deltas their code intends (section 4, item 7): no .grad, no
@@ -378,7 +378,8 @@ def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, devic
 
     Returns ``{name: {"step_ms": median over all timed calls, "ratio_to_baseline": median over
     rounds of (this block's median / the baseline's block median in the same round), "ratio_min",
-    "ratio_max"}}``. A burst of load slows every step of the rounds it covers alike, so the
+    "ratio_max", "ms_min", "ms_max" (the block medians' range, ms)}}``.
+    A burst of load slows every step of the rounds it covers alike, so the
     median ratio survives it; timing one step after another would put it on one of them.
     """
     names = list(steps)
@@ -400,10 +401,11 @@ def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, devic
     base = [statistics.median(block) for block in times[names[0]]]
     out = {}
     for name in names:
-        ratios = [statistics.median(block) / b for block, b in zip(times[name], base, strict=True)]
+        medians = [statistics.median(block) for block in times[name]]
+        ratios = [m / b for m, b in zip(medians, base, strict=True)]
         out[name] = {"step_ms": 1e3 * statistics.median(t for block in times[name] for t in block),
                      "ratio_to_baseline": statistics.median(ratios), "ratio_min": min(ratios),
-                     "ratio_max": max(ratios)}
+                     "ratio_max": max(ratios), "ms_min": 1e3 * min(medians), "ms_max": 1e3 * max(medians)}
     return out
 
 

@@ -24,6 +24,7 @@ from torch import nn
 
 import models
 import tasks
+from trainers.budget import BUDGETS, reference_trainer
 from trainers.compare import compatible, run_comparison
 from trainers.config import TrainConfig, check_device
 from trainers.distributed import BACKENDS, DataParallel, init_distributed, local_device
@@ -403,6 +404,20 @@ def compare_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--seeds", help="comma list of seeds")
     parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
     add_settings_flag(parser, default="recipe")
+    group = parser.add_argument_group("equal compute (trainers/budget.py, trainers/step_timing.py)")
+    group.add_argument("--budget", choices=BUDGETS, default="samples",
+                       help="what every trainer gets of the reference's run (--epochs or --steps at its batch size): "
+                            "samples (default: the same training samples, as --epochs always gave), steps (the same "
+                            "optimizer steps) or time (the same compute time by the timed step ratios: a cheaper "
+                            "step gets more steps)")
+    group.add_argument("--reference", default=None,
+                       help="the trainer the others are timed and judged against (default: backprop if compared, "
+                            "else the first)")
+    group.add_argument("--target", type=float, default=None,
+                       help="validation metric of the time-to-target table (default: 0.95 x the reference's best "
+                            "accuracy, or its best perplexity / 0.95)")
+    group.add_argument("--timing-rounds", type=int, default=30,
+                       help="rounds of the round-robin step timing, one step of every trainer each (default: 30)")
     group = parser.add_argument_group("tuning (trainers/tuning.py)")
     group.add_argument("--tune", action="store_true",
                        help="first search each trainer's settings on the validation split (one seed; default grid: "
@@ -416,6 +431,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
     model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
     parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
                            if not (model_given and k.startswith("model"))})
+    parser.set_defaults(log_axis="samples")  # TensorBoard's step: samples seen, so batch sizes overlay
     args = parser.parse_args(argv)
 
     def main():
@@ -437,11 +453,18 @@ def compare_main(argv=None, prog: str | None = None) -> int:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
         if args.tune_grid and not args.tune:
             raise ConfigError("--tune-grid is a grid for --tune; pass --tune too")
+        if args.timing_rounds < 5:
+            raise ConfigError(f"--timing-rounds must be >= 5 for a meaningful median, got {args.timing_rounds}")
+        if args.target is not None and not math.isfinite(args.target):
+            raise ConfigError(f"--target must be a finite number, got {args.target}")
+        reference_trainer(names, args.reference)  # an unknown reference fails before any work
         tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
         out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds,
                              logdir=args.logdir, run_name=args.run_name, experiment=experiment,
                              epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
-                             overwrite=True, allow_changes=list(options_from_args(args, TrainConfig)))
+                             overwrite=True, allow_changes=list(options_from_args(args, TrainConfig)),
+                             budget=args.budget, reference=args.reference, target=args.target,
+                             timing_rounds=args.timing_rounds)
         if here.is_main:
             print(out["table"])
             print(f"runs, summary.md and comparison.png in {out['dir']}")

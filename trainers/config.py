@@ -37,6 +37,9 @@ class TrainConfig:
               "rows each time (none: the whole split; the final validation and the test always use the whole split)"
     )
     log_every: int = option(10, "log training scalars every N steps")
+    log_axis: Literal["step", "samples"] = option(
+        "step", "TensorBoard's step axis: optimizer steps, or training samples seen (compare.py's default, so "
+                "trainers with different batch sizes overlay); metrics.jsonl records both")
     grad_agreement_every: int = option(
         0, "log gradient agreement with exact backprop every N steps (0: off; costs a backprop pass)")
     checkpoint_every: int | None = option(None, "write a checkpoint every N steps (none: at evaluations only)")

@@ -29,11 +29,15 @@ __all__ = ["METRIC_PREFIX", "CONFIG_FILE", "SHOWN_FIRST", "metric_display_names"
 
 METRIC_PREFIX = "hparam/"  # tag prefix of a session's metric scalars
 CONFIG_FILE = "events.out.tfevents.hparams-experiment"  # "tfevents" in the name: TensorBoard loads it
-REPORTING_OPTIONS = ("progress", "progress_seconds")  # options of how a run reports, not of what it trains
+REPORTING_OPTIONS = ("progress", "progress_seconds", "log_axis")  # options of how a run reports, not of what it trains
 # The HParams tab lists hparams by (differs, name) and shows the first five: the
-# "_" of these names sorts before every lowercase name, so run and trainer come
-# first; TensorBoard shows their display names.
-SHOWN_FIRST = {"_run": "run", "_trainer": "trainer"}  # name -> display name
+# "_" of these names sorts before every lowercase name, so run, trainer and the
+# optimizer come first; TensorBoard shows their display names.
+SHOWN_FIRST = {"_run": "run", "_trainer": "trainer", "_trainer_optimizer": "optimizer"}  # name -> display name
+# options an optimizer or schedule does not read: left out of its runs' HParams rows (blank), not shown as defaults
+UNUSED_BY = {("optimizer", "adam"): ("momentum", "nesterov"), ("optimizer", "adamw"): ("momentum", "nesterov"),
+             ("schedule", "constant"): ("warmup_steps", "step_size", "gamma"),
+             ("schedule", "step"): ("warmup_steps",), ("schedule", "cosine"): ("step_size", "gamma")}
 CHECKBOX_LIMIT = 10  # the HParams tab filters a discrete domain of fewer values with checkboxes
 
 
@@ -46,11 +50,15 @@ def metric_display_names(metric: str) -> dict[str, str]:
             "grad_cosine": "mean grad cosine vs backprop"}
 
 
-def session_metrics(report: dict, metric: str, history: list[dict]) -> dict[str, float]:
+def session_metrics(report: dict, metric: str, history: list[dict], timed_step_ms: float | None = None
+                    ) -> dict[str, float]:
     """A run's summary numbers (keys of ``metric_display_names``) from its final report and
     logged records; each only where the run has it (no test for a tuning trial, no
-    ``grad_cosine`` without ``grad/cosine_global``)."""
-    step_ms = [float(r["time/step_ms"]) for r in history if "time/step_ms" in r]
+    ``grad_cosine`` without ``grad/cosine_global``). ``timed_step_ms``: the comparison's round-robin
+    timing of this trainer's step (``trainers.step_timing``), used instead of the run's own clock,
+    which a busy machine distorts."""
+    step_ms = [timed_step_ms] if timed_step_ms is not None else \
+        [float(r["time/step_ms"]) for r in history if "time/step_ms" in r]
     cosine = [float(r["grad/cosine_global"]) for r in history if "grad/cosine_global" in r]
     values = {f"{split}_{metric}": report[split][metric]
               for split in ("best_val", "final_val", "test") if report[split]}
@@ -67,10 +75,16 @@ def session_hparams(record: dict) -> dict[str, bool | int | float | str]:
     as ``engine.hparams()`` names them (``foton.temperature``) and the model's (``model.depth``).
 
     Options that are off (None) are left out, so TensorBoard shows an empty cell
-    rather than a value of another type; other non-scalars become their JSON text.
+    rather than a value of another type, and so are options the run's optimizer or schedule does
+    not read (``UNUSED_BY``: momentum on an Adam run); other non-scalars become their JSON text.
+    The optimizer is ``_trainer_optimizer`` (shown as "optimizer", among the first columns).
     """
+    config = record["config"]
+    unused = {k for (option, value), keys in UNUSED_BY.items() if config.get(option) == value for k in keys}
     values = {"_run": record["run"], "_trainer": record["trainer"], "task": record["task"],
-              **{k: v for k, v in record["config"].items() if k not in REPORTING_OPTIONS},
+              "_trainer_optimizer": config.get("optimizer"),
+              **{k: v for k, v in config.items() if k not in REPORTING_OPTIONS and k not in unused
+                 and k != "optimizer"},
               **{k: v for k, v in record["engine"].items() if k != "trainer"},
               **{f"model.{k}": v for k, v in record["model"].items()}}
     return {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)

@@ -1,8 +1,15 @@
 """One TensorBoard run per (experiment, trainer, seed), plus ``metrics.jsonl``.
 
 Layout: ``<logdir>/<experiment>/<trainer>/seed<k>/`` holding the event files,
-``metrics.jsonl`` (one JSON object per logged step: ``{"step": s, tag: value}``)
-and the checkpoints. Every run uses the same tag names so TensorBoard
+``metrics.jsonl`` (one JSON object per logged step: ``{"step": s, "samples": n,
+"epoch": e, tag: value}``, plus ``"compute_ms"`` in a comparison) and the checkpoints.
+
+TensorBoard's step axis is the optimizer step, or with ``axis="samples"`` (a
+comparison's default) the training samples seen, so runs with different batch
+sizes overlay. With a timed step (``compute_ms`` given), the training loss and the
+validation scalars are also written under ``vs_compute_ms/`` at step = the run's
+compute time in milliseconds (steps x its timed median step,
+``trainers.step_timing``): the same curves against compute time. Every run uses the same tag names so TensorBoard
 overlays engines on one chart; ``add_scalars`` is never used (it makes
 sub-runs). A run writes its own HParams session in its directory; the
 experiment's HParams configuration is written once per experiment folder
@@ -53,9 +60,13 @@ class RunLogger:
     ``resume_step``: continue a run whose checkpoint is at that step; records
     logged after it by the interrupted run (and a test record) are dropped from
     ``metrics.jsonl`` and purged from TensorBoard, so the resumed run reads as one.
+    ``purge_after``: that step in TensorBoard's axis units (samples seen, with ``axis="samples"``).
     """
 
-    def __init__(self, run_dir, *, resume_step: int | None = None):
+    COMPUTE_PREFIX = "vs_compute_ms/"
+
+    def __init__(self, run_dir, *, resume_step: int | None = None, axis: str = "step",
+                 purge_after: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.run_dir / "metrics.jsonl"
@@ -63,7 +74,10 @@ class RunLogger:
             self.jsonl.unlink(missing_ok=True)
         else:
             self._truncate_after(resume_step)
-        purge = resume_step + 1 if resume_step is not None else None
+        self.axis = axis
+        if resume_step is not None and purge_after is None:
+            purge_after = resume_step
+        purge = purge_after + 1 if resume_step is not None and purge_after is not None else None
         self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=purge)
         self._file = open(self.jsonl, "a")
 
@@ -73,11 +87,17 @@ class RunLogger:
                 if r["step"] <= step and not any(k.startswith("test/") for k in r)]
         write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
 
-    def log(self, step: int, scalars: dict[str, float]) -> None:
-        """Write ``scalars`` (tag -> float) at ``step`` to both sinks."""
+    def log(self, step: int, scalars: dict[str, float], *, samples: int | None = None, epoch: float | None = None,
+            compute_ms: float | None = None) -> None:
+        """Write ``scalars`` (tag -> float) of optimizer ``step`` to both sinks, at ``samples`` seen (``epoch``)."""
+        x = samples if self.axis == "samples" and samples is not None else step
         for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, step)
-        self._file.write(json.dumps({"step": step, **{k: _json_value(v) for k, v in scalars.items()}}) + "\n")
+            self.writer.add_scalar(tag, value, x)
+            if compute_ms is not None and (tag == "train/loss" or tag.startswith("eval/")):
+                self.writer.add_scalar(self.COMPUTE_PREFIX + tag, value, round(compute_ms))
+        where = {"step": step, **({} if samples is None else {"samples": samples, "epoch": epoch}),
+                 **({} if compute_ms is None else {"compute_ms": compute_ms})}
+        self._file.write(json.dumps({**where, **{k: _json_value(v) for k, v in scalars.items()}}) + "\n")
 
     def flush(self) -> None:
         """Flush both sinks; a failed write (a full disk) raises ``OSError`` naming the file."""

@@ -1,4 +1,5 @@
-"""Figures: loss, metric and gradient cosine against steps; a final metric against runs."""
+"""Figures: loss, metric and gradient cosine against samples (or steps) and compute time; a final metric against
+runs."""
 
 import matplotlib
 
@@ -9,89 +10,122 @@ import numpy as np  # noqa: E402
 __all__ = ["plot_comparison", "plot_runs", "layer_grid"]
 
 
-def _curve(histories: list[list[dict]], tag: str):
-    """Mean and spread over seeds of ``tag`` at the steps where every seed logged it."""
-    per_seed = [{r["step"]: r[tag] for r in h if tag in r and isinstance(r[tag], (int, float))} for h in histories]
-    steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
-    if not steps:
+AXES = {"step": ("step", 1.0), "samples": ("training samples seen", 1.0), "compute_ms": ("compute time (s)", 1e-3)}
+
+
+def _axis(histories: list[list[dict]]) -> str:
+    """``samples`` when every record has it (a comparison's runs), else ``step``."""
+    records = [r for h in histories for r in h]
+    return "samples" if records and all("samples" in r for r in records) else "step"
+
+
+def _curve(histories: list[list[dict]], tag: str, axis: str = "step"):
+    """Mean and spread over seeds of ``tag`` at the points of ``axis`` where every seed logged it."""
+    scale = AXES[axis][1]
+    per_seed = [{r[axis] * scale: r[tag] for r in h if tag in r and axis in r and isinstance(r[tag], (int, float))}
+                for h in histories]
+    xs = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
+    if not xs:
         return None
-    values = np.array([[s[k] for k in steps] for s in per_seed])
-    return np.array(steps), values.mean(0), values.min(0), values.max(0)
+    values = np.array([[s[k] for k in xs] for s in per_seed])
+    return np.array(xs), values.mean(0), values.min(0), values.max(0)
 
 
-def layer_grid(histories: list[list[dict]], prefix: str = "grad/cosine/"):
-    """(steps, parameter names, values (params x steps)) of the per-parameter tags ``<prefix><name>``
-    (seed mean, at the steps every seed logged); weights only when the model has any. None when
+def layer_grid(histories: list[list[dict]], prefix: str = "grad/cosine/", axis: str = "step"):
+    """(x, parameter names, values (params x points)) of the per-parameter tags ``<prefix><name>``
+    (seed mean, at the points of ``axis`` every seed logged); weights only when the model has any. None when
     not logged."""
     names = list(dict.fromkeys(k[len(prefix):] for h in histories for r in h for k in r if k.startswith(prefix)))
     names = [n for n in names if n.endswith("weight")] or names
-    curves = [_curve(histories, prefix + name) for name in names]
+    curves = [_curve(histories, prefix + name, axis) for name in names]
     if not curves or any(c is None or len(c[0]) != len(curves[0][0]) for c in curves):
         return None
     return curves[0][0], names, np.stack([c[1] for c in curves])
 
 
-def _heatmap(ax, fig, title: str, grid, label: str, **style) -> None:
+def _heatmap(ax, fig, title: str, grid, label: str, xlabel: str, **style) -> None:
     steps, names, values = grid
     right = steps[-1] if steps[-1] > steps[0] else steps[0] + 1  # one logged step still gets a width
     image = ax.imshow(values, aspect="auto", origin="lower", interpolation="nearest",
                       extent=(steps[0], right, -0.5, len(names) - 0.5), **style)
     ticks = np.unique(np.linspace(0, len(names) - 1, min(len(names), 10)).round().astype(int))
     ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7)
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("parameter (input at the bottom)")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label=label)
 
 
-def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path) -> None:
-    """Curves per trainer (mean over seeds, band = min..max): training loss, validation metric,
-    global gradient cosine; below them, one row per trainer that logged gradient agreement and
-    is not exact: heatmaps of the per-parameter cosine and log10 norm ratio against backprop
-    over steps (the global cosine is dominated by the largest gradients, often the head's, and
-    hides layers that get no useful signal or a wrongly scaled one).
+def _panel(ax, histories, tag, title, ylabel, axis) -> None:
+    for trainer, runs in histories.items():
+        curve = _curve(runs, tag, axis)
+        if curve is None:
+            continue
+        xs, mean, low, high = curve
+        (line,) = ax.plot(xs, mean, label=trainer)
+        ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2)
+    ax.set_title(title)
+    ax.set_xlabel(AXES[axis][0])
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if tag == "train/loss":
+        ax.set_yscale("log")
+    if tag == "grad/cosine_global" and ax.lines:
+        lowest = min(line.get_ydata().min() for line in ax.lines)
+        ax.set_ylim(min(lowest, 0.9) - 0.01, 1.01)  # cosines near 1 stay readable, not zoomed to 1e-12
+    if ax.lines:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
 
-    ``histories[trainer]`` is a list (one per seed) of logged records
-    (``Trainer.history``); ``metric`` is the eval metric name (e.g. accuracy).
+
+def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, title: str | None = None) -> None:
+    """Curves per trainer (mean over seeds, band = min..max): training loss, validation metric and
+    global gradient cosine against training samples seen (a comparison's runs; else steps), so trainers
+    with different batch sizes share an axis; when the runs were timed (``compute_ms``), a row of
+    loss and metric against compute time; below them, one row per trainer that logged gradient
+    agreement and is not exact: heatmaps of the per-parameter cosine and log10 norm ratio against
+    backprop (the global cosine is dominated by the largest gradients, often the head's, and hides
+    layers that get no useful signal or a wrongly scaled one). The norm ratio's colour scale is
+    symmetric around 1 and spans the data's largest deviation.
+
+    ``histories[trainer]`` is a list (one per seed) of logged records (``Trainer.history``,
+    metrics.jsonl); ``metric`` is the eval metric name (e.g. accuracy).
     """
-    panels = [("train/loss", "training loss", "loss (log scale)"),
-              (f"eval/{metric}", f"validation {metric}", metric),
-              ("grad/cosine_global", "gradient cosine vs backprop (all parameters)", "cosine")]
-    layered = {t: (c, layer_grid(runs, "grad/norm_ratio/")) for t, runs in histories.items()
-               if (c := layer_grid(runs)) is not None and not np.allclose(c[2], 1.0, atol=1e-6)}
-    rows = 1 + len(layered)
-    fig = plt.figure(figsize=(15, 4 * rows))
-    axes = [fig.add_subplot(rows, 3, i + 1) for i in range(3)]
-    for ax, (tag, title, ylabel) in zip(axes, panels, strict=True):
-        for trainer, runs in histories.items():
-            curve = _curve(runs, tag)
-            if curve is None:
-                continue
-            steps, mean, low, high = curve
-            (line,) = ax.plot(steps, mean, label=trainer)
-            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if tag == "train/loss":
-            ax.set_yscale("log")
-        if tag == "grad/cosine_global" and ax.lines:
-            lowest = min(line.get_ydata().min() for line in ax.lines)
-            ax.set_ylim(min(lowest, 0.9) - 0.01, 1.01)  # cosines near 1 stay readable, not zoomed to 1e-12
-        if ax.lines:
-            ax.legend()
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    for row, (trainer, (cosines, ratios)) in enumerate(layered.items(), start=1):
-        _heatmap(fig.add_subplot(rows, 3, 3 * row + 1), fig, f"{trainer}: per-layer gradient cosine vs backprop",
-                 cosines, "cosine (seed mean)", cmap="RdBu", vmin=-1, vmax=1)
+    every = [h for runs in histories.values() for h in runs]
+    axis = _axis(every)
+    timed = bool(every) and all(any("compute_ms" in r for r in h) for h in every)
+    layered = {t: (c, layer_grid(runs, "grad/norm_ratio/", axis)) for t, runs in histories.items()
+               if (c := layer_grid(runs, axis=axis)) is not None and not np.allclose(c[2], 1.0, atol=1e-6)}
+    rows = 1 + timed + len(layered)
+    fig = plt.figure(figsize=(15, 4 * rows + (0.45 if title else 0)))
+    grid = fig.add_gridspec(rows, 6)
+    for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss", "loss (log scale)"),
+                                             (f"eval/{metric}", f"validation {metric}", metric),
+                                             ("grad/cosine_global", "gradient cosine vs backprop (all parameters)",
+                                              "cosine")]):
+        _panel(fig.add_subplot(grid[0, 2 * i:2 * i + 2]), histories, tag, name, ylabel, axis)
+    if timed:
+        for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss against compute time",
+                                                  "loss (log scale)"),
+                                                 (f"eval/{metric}", f"validation {metric} against compute time",
+                                                  metric)]):
+            _panel(fig.add_subplot(grid[1, 3 * i:3 * i + 3]), histories, tag, name, ylabel, "compute_ms")
+    for row, (trainer, (cosines, ratios)) in enumerate(layered.items(), start=1 + timed):
+        _heatmap(fig.add_subplot(grid[row, 0:3] if ratios is not None else grid[row, :]), fig,
+                 f"{trainer}: per-layer gradient cosine vs backprop",
+                 cosines, "cosine (seed mean)", AXES[axis][0], cmap="RdBu", vmin=-1, vmax=1)
         if ratios is not None:
             steps, names, values = ratios
-            _heatmap(fig.add_subplot(rows, 3, 3 * row + 2), fig, f"{trainer}: per-layer gradient norm / backprop's",
-                     (steps, names, np.log10(np.maximum(values, 1e-12))), "log10 norm ratio (seed mean)",
-                     cmap="PuOr", vmin=-3, vmax=3)
-    fig.tight_layout()
+            logs = np.log10(np.maximum(values, 1e-12))
+            span = max(float(np.abs(logs).max()), 0.05)  # the data's range, symmetric around a ratio of 1
+            _heatmap(fig.add_subplot(grid[row, 3:6]), fig, f"{trainer}: per-layer gradient norm / backprop's",
+                     (steps, names, logs), "log10 norm ratio (seed mean)", AXES[axis][0],
+                     cmap="PuOr", vmin=-span, vmax=span)
+    height = fig.get_size_inches()[1]
+    if title:
+        fig.suptitle(title, fontsize=13)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height) if title else None)  # the title above the top row
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

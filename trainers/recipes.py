@@ -16,10 +16,10 @@ runs the Trainer's ``--schedule`` (constant unless given).
 
 Sources (``../shared/papers`` summarises each):
 
-* DSF: Caillon et al., arXiv 2503.23104, the authors' PTB configs (dsf.md §8.5).
-* Highway-BP: Fagnou et al., ICLR 2025, Table 4 (ResNets, GPT-2) and App. C.1 (dsf.md, highway_bp.md §10).
-* FOTON: Caillon et al., ECAI 2025, the authors' default run config (foton.md §4.1).
-* PEPITA: Srinivasan et al., ICLR 2024, the authors' code (foton.md §2.2).
+* DSF: Caillon et al., arXiv 2503.23104, the authors' released PTB-word YAML configs (optimisation section).
+* Highway-BP: Fagnou et al., ICLR 2025 (arXiv 2501.17086), Table 4 (ResNets, GPT-2) and App. C.1.
+* FOTON: Caillon et al., ECAI 2025 (arXiv 2512.20668), the authors' released default run config (config.yaml).
+* PEPITA: Srinivasan et al., ICLR 2024, the authors' code (github.com/ravifrancesco/PEPITA).
 * FA, DFA: no setting published with the FOTON paper's table; the project default, to be tuned.
 * measured: this project's runs (BENCHMARKS.md), where no paper states a setting.
 """
@@ -36,11 +36,11 @@ SHARED_SETTINGS = {"mode": "shared", "recipe": {}, "overridden": []}
 LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet")
 RECURRENT = ("rnn_lm", "rnn_block_lm")
 
-DSF_PTB = "DSF authors' PTB configs (arXiv 2503.23104; dsf.md §8.5)"
-HIGHWAY_T4 = "Highway-BP paper, Table 4 (arXiv 2501.17086; highway_bp.md §10)"
-HIGHWAY_C1 = "Highway-BP paper, App. C.1: Adam 1e-3 for most models (highway_bp.md §10)"
-FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668 code; foton.md §4.1)"
-PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (foton.md §2.2)"
+DSF_PTB = "DSF authors' PTB-word configs (arXiv 2503.23104, released code)"
+HIGHWAY_T4 = "Highway-BP paper, Table 4 (arXiv 2501.17086)"
+HIGHWAY_C1 = "Highway-BP paper, App. C.1: Adam 1e-3 for most models (arXiv 2501.17086)"
+FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668, released code, config.yaml)"
+PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (github.com/ravifrancesco/PEPITA)"
 FEEDBACK_DEFAULT = ("project default (Adam 1e-3, batch 64): the FOTON paper reports FA and DFA without their settings; "
                     "compare.py --tune searches around it")
 MEASURED = "measured: the project default (Adam 1e-3, batch 64; BENCHMARKS.md default comparison), no paper setting"

@@ -130,12 +130,15 @@ class Trainer:
         clock: monotonic seconds for progress lines and metrics flushes (tests pass a fake one).
         evaluate_test: False for runs that select settings (tuning trials): the test split is
             never read and the report's ``test`` is None.
+        timing: this trainer's step timed round-robin against the comparison's reference
+            (``trainers.step_timing``; ``step_ms``, ``ratio``, spreads, ``peak_mb``): records carry
+            ``compute_ms`` = steps x ``step_ms``, the HParams step time is it, ``result.json`` keeps it.
     """
 
     def __init__(self, model: nn.Module, engine: GradientEngine, task: Task, *, config: TrainConfig | None = None,
                  logdir=None, experiment: str = "default", run_name: str | None = None,
                  overwrite: bool = False, meta: dict | None = None, settings: dict | None = None, clock=time.monotonic,
-                 evaluate_test: bool = True, **overrides):
+                 evaluate_test: bool = True, timing: dict | None = None, **overrides):
         cfg = config or TrainConfig()
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})
@@ -148,6 +151,7 @@ class Trainer:
         check_task_model(self.model, task, self.device, self.dtype)
         self.engine, self.task, self.clock = engine, task, clock
         self.evaluate_test = evaluate_test
+        self.timing = timing
         # rows of the periodic validations (None: the whole split)
         self.eval_rows = eval_subset(len(task.val), cfg.eval_batches, cfg.eval_batch_size)
         self.run_name = run_name or engine.name
@@ -188,6 +192,19 @@ class Trainer:
 
     def steps_per_epoch(self) -> int:
         return math.ceil(len(self.task.train) / self.global_batch)
+
+    def samples_seen(self, step: int) -> int:
+        """Training samples (over all ranks) in the first ``step`` steps: whole epochs, then full batches."""
+        epoch, index = divmod(step, self.steps_per_epoch())
+        return epoch * len(self.task.train) + min(index * self.global_batch, len(self.task.train))
+
+    def _where(self, step: int) -> dict:
+        """Where a record of ``step`` lies on the other axes: samples seen, epochs, and (timed) compute ms."""
+        samples = self.samples_seen(step)
+        where = {"samples": samples, "epoch": samples / len(self.task.train)}
+        if self.timing is not None:
+            where["compute_ms"] = step * self.timing["step_ms"]
+        return where
 
     def _batch(self, step: int):
         """This rank's shard of the batch of global ``step``: epoch permutation from (seed, epoch) only."""
@@ -355,7 +372,9 @@ class Trainer:
             if run_dir is not None and resuming:
                 for stale in ("result.json", "failed.json"):  # records of the shorter run this one continues
                     (run_dir / stale).unlink(missing_ok=True)
-            logger = RunLogger(run_dir, resume_step=self.step if resuming else None) if run_dir is not None else None
+            logger = RunLogger(run_dir, resume_step=self.step if resuming else None, axis=cfg.log_axis,
+                               purge_after=self.samples_seen(self.step) if cfg.log_axis == "samples" else None) \
+                if run_dir is not None else None
         except OSError as err:
             raise RunWriteError(self._write_failure(err)) from None
         eval_every = cfg.eval_every or self.steps_per_epoch()
@@ -394,9 +413,10 @@ class Trainer:
                     if self._better(val):
                         self.best = {"step": self.step, "val": val, "state": copy.deepcopy(self.model.state_dict())}
                 if scalars:
-                    self.history.append({"step": self.step, **scalars})
+                    where = self._where(self.step)
+                    self.history.append({"step": self.step, **where, **scalars})
                     if logger:
-                        logger.log(self.step, scalars)
+                        logger.log(self.step, scalars, **where)
                 # checkpoint (after the logs it covers are flushed); metrics.jsonl also every progress_seconds
                 checkpoint = evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
                 if logger and (checkpoint or self.clock() - flushed >= cfg.progress_seconds):
@@ -452,16 +472,22 @@ class Trainer:
         """Rank 0 of a run with a directory: the test record, the HParams session and ``result.json``."""
         if logger is None or self.run_dir is None:
             return
+        where = self._where(self.step)
         if report["test"] is not None:
-            logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()})
+            logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()}, **where)
         logger.flush()
         record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
                   "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(self.cfg),
                   "world_size": self.parallel.world_size, "global_batch": self.global_batch,
-                  "model": self.meta, "settings": self.settings, "resume_changes": self.changes}
+                  "model": self.meta, "settings": self.settings, "resume_changes": self.changes,
+                  "samples": where["samples"], "epochs": where["epoch"], "log_axis": self.cfg.log_axis}
+        if self.timing is not None:
+            record["timing"] = {**self.timing, "compute_ms": where["compute_ms"]}
         # the HParams session: hparam values and summary numbers (also kept in result.json)
-        record["summary"] = session_metrics(report, self.task.metric_name, read_metrics(self.run_dir))
-        logger.log_hparams(self.step, session_hparams(record), record["summary"])
+        record["summary"] = session_metrics(report, self.task.metric_name, read_metrics(self.run_dir),
+                                            timed_step_ms=None if self.timing is None else self.timing["step_ms"])
+        logger.log_hparams(where["samples"] if self.cfg.log_axis == "samples" else self.step,
+                           session_hparams(record), record["summary"])
         logger.close()
         write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
 

@@ -1,0 +1,168 @@
+"""Comparisons at equal compute (issue 21): one samples axis for every batch size, round-robin step timing
+that a burst of load cannot fake, budgets by samples, steps and time, and the summary's verdict."""
+
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import trainers.step_timing
+from trainers.budget import budget_steps, reference_trainer
+from trainers.cli import compare_main
+from trainers.errors import ConfigError
+from trainers.logger import read_metrics
+from trainers.trainer import Trainer
+
+SMALL = ["--task", "digits", "--model", "mlp", "--orthogonal", "bjorck", "--depth", "2", "--width", "8",
+         "--progress", "false", "--experiment", "exp", "--grad-agreement-every", "5", "--timing-rounds", "5"]
+
+
+def results(root, run):
+    return [json.loads(p.read_text()) for p in sorted((root / "exp" / run).glob("seed*/result.json"))]
+
+
+def scalar_steps(run_dir, tag):
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+
+def test_batch_sizes_64_and_256_share_the_samples_axis(tmp_path):
+    """FOTON's recipe takes batch 256, backprop's 64: with equal epochs both see the same samples, and their
+    validation points (one per epoch) sit at the same TensorBoard step, the samples seen."""
+    assert compare_main([*SMALL, "--trainers", "backprop,foton", "--seeds", "0", "--epochs", "2",
+                         "--logdir", str(tmp_path)]) == 0
+    bp, foton = results(tmp_path, "backprop")[0], results(tmp_path, "foton")[0]
+    assert (bp["config"]["batch_size"], foton["config"]["batch_size"]) == (64, 256)
+    assert bp["steps"] > 3 * foton["steps"]  # many more, smaller steps
+    assert bp["samples"] == foton["samples"] and bp["epochs"] == foton["epochs"] == 2.0
+    steps = {run: scalar_steps(tmp_path / "exp" / run / "seed0", "eval/accuracy") for run in ("backprop", "foton")}
+    assert steps["backprop"] == steps["foton"] == [bp["samples"] // 2, bp["samples"]]
+    records = read_metrics(tmp_path / "exp" / "foton" / "seed0")
+    assert all({"step", "samples", "epoch", "compute_ms"} <= set(r) for r in records)
+    # the same curves against compute time: step = the run's compute milliseconds
+    compute = scalar_steps(tmp_path / "exp" / "foton" / "seed0", "vs_compute_ms/eval/accuracy")
+    assert compute == [round(r["compute_ms"]) for r in records if "eval/accuracy" in r and "test/accuracy" not in r]
+
+
+def test_a_single_train_run_keeps_steps_on_its_axis(tmp_path):
+    from trainers.cli import train_main
+
+    assert train_main(["--steps", "4", "--log-every", "2", "--eval-every", "2", "--progress", "false", "--depth", "2",
+                       "--width", "8", "--logdir", str(tmp_path)]) == 0
+    assert scalar_steps(tmp_path / "train" / "backprop" / "seed0", "train/loss") == [2, 4]
+
+
+class FakeClock:
+    """A clock that the timed steps advance: each trainer's step costs ``costs[engine]`` seconds, ten times
+    more during a burst of load that covers a stretch of calls (every trainer timed in it alike)."""
+
+    def __init__(self, costs, burst=range(40, 70)):
+        self.now, self.calls, self.costs, self.burst = 0.0, 0, costs, burst
+
+    def __call__(self):
+        return self.now
+
+    def step(self, engine_name):
+        self.calls += 1
+        self.now += self.costs[engine_name] * (10 if self.calls in self.burst else 1)
+
+
+def test_comparison_timing_survives_a_burst_on_a_fake_clock(monkeypatch):
+    clock = FakeClock({"backprop": 2e-3, "foton": 1e-3, "fa": 3e-3})
+    monkeypatch.setattr(Trainer, "_train_step", lambda self, x, y: clock.step(self.engine.name))
+    setups = _setups(["foton", "backprop", "fa"])
+    timing = trainers.step_timing.time_steps(setups, "backprop", rounds=20, warmup=1, clock=clock)
+    t = timing["trainers"]
+    assert list(t) == ["backprop", "foton", "fa"]  # the reference first
+    assert t["foton"]["ratio"] == pytest.approx(0.5) and t["fa"]["ratio"] == pytest.approx(1.5)
+    assert t["backprop"]["step_ms"] == pytest.approx(2.0) and t["foton"]["step_ms"] == pytest.approx(1.0)
+    assert t["foton"]["ms_max"] == pytest.approx(10.0)  # the burst is seen, and set aside by the median
+    assert t["foton"]["batch_size"] == 256 and t["backprop"]["batch_size"] == 64
+    assert timing["reference"] == "backprop" and timing["threads"]["count"] >= 1
+
+
+def _setups(names):
+    import argparse
+
+    from trainers.cli import base_parser, build_from_args
+
+    args = base_parser("x").parse_args(["--depth", "2", "--width", "8", "--orthogonal", "bjorck", "--progress",
+                                        "false"])
+    assert isinstance(args, argparse.Namespace)
+    return {t: build_from_args(args, t, 0, "recipe") for t in names}
+
+
+def test_budgets_by_hand():
+    batches = {"backprop": 64, "foton": 256, "fa": 64}
+    assert budget_steps("samples", "backprop", 100, batches) == {"backprop": 100, "foton": 25, "fa": 100}
+    assert budget_steps("steps", "backprop", 100, batches) == {"backprop": 100, "foton": 100, "fa": 100}
+    # time: steps inversely proportional to the timed step (ratio to the reference's)
+    timed = budget_steps("time", "backprop", 100, batches, {"backprop": 1.0, "foton": 0.5, "fa": 4.0})
+    assert timed == {"backprop": 100, "foton": 200, "fa": 25}
+    with pytest.raises(ConfigError, match="--budget"):
+        budget_steps("flops", "backprop", 100, batches)
+    assert reference_trainer(["fa", "backprop"]) == "backprop" and reference_trainer(["fa", "dfa"]) == "fa"
+    with pytest.raises(ConfigError, match="--reference 'pepita'"):
+        reference_trainer(["fa", "dfa"], "pepita")
+
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """time_steps with fixed ratios (foton's step half backprop's, fa's twice): budgets are exact."""
+    def fake(setups, reference, **_):
+        ratios = {"backprop": 1.0, "foton": 0.5, "fa": 2.0}
+        return {"reference": reference, "rounds": 5, "warmup": 1, "machine": "fake", "threads": {"count": 1,
+                                                                                                 "reason": "test"},
+                "trainers": {t: {"step_ms": 2.0 * ratios[t], "ratio": ratios[t], "ratio_min": ratios[t],
+                                 "ratio_max": ratios[t], "ms_min": 0.0, "ms_max": 1e9,
+                                 "batch_size": s.config.batch_size, "peak_mb": 1.0} for t, s in setups.items()}}
+    monkeypatch.setattr("trainers.compare.time_steps", fake)
+
+
+@pytest.mark.parametrize("budget", ["samples", "steps", "time"])
+def test_budget_run_lengths_through_compare(tmp_path, fake_timing, budget):
+    assert compare_main([*SMALL, "--trainers", "backprop,foton,fa", "--seeds", "0", "--steps", "8",
+                         "--budget", budget, "--logdir", str(tmp_path)]) == 0
+    got = {run: results(tmp_path, run)[0] for run in ("backprop", "foton", "fa")}
+    steps = {run: r["steps"] for run, r in got.items()}
+    if budget == "samples":
+        assert {r["samples"] for r in got.values()} == {8 * 64} and steps == {"backprop": 8, "foton": 2, "fa": 8}
+    elif budget == "steps":
+        assert steps == {"backprop": 8, "foton": 8, "fa": 8}
+    else:
+        assert steps == {"backprop": 8, "foton": 16, "fa": 4}
+        compute = {run: r["timing"]["compute_ms"] for run, r in got.items()}
+        assert compute["backprop"] == compute["foton"] == compute["fa"] == pytest.approx(16.0)
+    comparison = json.loads((tmp_path / "exp" / "comparison.json").read_text())
+    assert comparison["budget"] == budget and comparison["reference"] == "backprop"
+    summary = (tmp_path / "exp" / "summary.md").read_text()
+    assert summary.startswith("# exp: task digits, model mlp (")
+    assert f"- budget: equal {'compute time' if budget == 'time' else budget}" in summary
+    for heading in ("## Verdict", "## Results", "## Time to target", "## Step time and memory", "## Settings"):
+        assert heading in summary
+    assert "- machine: fake" in summary and "seeds: 0 (n = 1)" in summary
+
+
+def test_the_summary_verdict_and_uncertainty_over_seeds(tmp_path):
+    assert compare_main([*SMALL, "--trainers", "backprop,fa", "--seeds", "0,1,2", "--steps", "12",
+                         "--logdir", str(tmp_path)]) == 0
+    summary = (tmp_path / "exp" / "summary.md").read_text()
+    verdict = summary[summary.index("## Verdict"):summary.index("## Results")]
+    assert "At equal samples" in verdict and "At equal compute time" in verdict
+    assert verdict.count("- **fa**:") == 2 and "n = 3 seeds" in verdict
+    assert "(n=3)" in summary and "paired t-test" in summary
+    assert "foton.md" not in summary and ".md §" not in summary  # sources cite papers and code, not our notes
+
+
+def test_bad_equal_compute_flags_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_code:  # argparse's choices
+        compare_main([*SMALL, "--budget", "flops", "--logdir", str(tmp_path / "r")])
+    assert exit_code.value.code == 2 and "invalid choice: 'flops'" in capsys.readouterr().err
+    for flags, expected in ((["--reference", "pepita"], "--reference"), (["--timing-rounds", "2"], "--timing-rounds"),
+                            (["--target", "nan"], "--target")):
+        code = compare_main([*SMALL, "--trainers", "backprop,fa", "--steps", "2", *flags,
+                             "--logdir", str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and expected in err, (flags, err)
+    assert not (tmp_path / "r").exists()
