@@ -166,3 +166,28 @@ def test_bad_equal_compute_flags_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and expected in err, (flags, err)
     assert not (tmp_path / "r").exists()
+
+
+def test_an_exact_engine_is_reported_as_exact_not_as_a_tie(tmp_path):
+    """Highway-BP with k >= the number of blocks is backprop: the verdict says exact (every logged cosine 1)."""
+    assert compare_main(["--model", "residual_mlp", "--depth", "2", "--width", "8", "--trainers", "backprop,highway",
+                         "--highway-k", "4", "--seeds", "0,1", "--steps", "6", "--grad-agreement-every", "2",
+                         "--progress", "false", "--experiment", "exp", "--timing-rounds", "5",
+                         "--logdir", str(tmp_path)]) == 0
+    verdict = (tmp_path / "exp" / "summary.md").read_text().split("## Verdict")[1].split("## Results")[0]
+    assert verdict.count("- **highway**: exact, its gradient equals backprop's") == 2  # at equal samples and time
+
+
+def test_a_resumed_comparison_keeps_its_timing_and_budget(tmp_path, monkeypatch):
+    flags = [*SMALL, "--trainers", "backprop,foton", "--seeds", "0", "--steps", "6", "--budget", "time",
+             "--logdir", str(tmp_path)]
+    assert compare_main(flags) == 0
+    first = json.loads((tmp_path / "exp" / "comparison.json").read_text())
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a resume must not time again")
+
+    monkeypatch.setattr("trainers.compare.time_steps", fail)
+    assert compare_main([*flags, "--resume"]) == 0
+    again = json.loads((tmp_path / "exp" / "comparison.json").read_text())
+    assert again["timing"] == first["timing"] and again["lengths"] == first["lengths"]
