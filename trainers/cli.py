@@ -462,7 +462,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds,
                              logdir=args.logdir, run_name=args.run_name, experiment=experiment,
                              epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
-                             overwrite=True, allow_changes=list(options_from_args(args, TrainConfig)),
+                             overwrite=args.overwrite, allow_changes=list(options_from_args(args, TrainConfig)),
                              budget=args.budget, reference=args.reference, target=args.target,
                              timing_rounds=args.timing_rounds)
         if here.is_main:

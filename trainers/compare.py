@@ -14,13 +14,13 @@ from pathlib import Path
 from trainers.budget import BUDGETS, budget_steps, reference_trainer
 from trainers.checkpoint import write_text_atomic
 from trainers.distributed import DataParallel
-from trainers.errors import ConfigError, IncompatibleModelError, NonFiniteLossError
+from trainers.errors import ConfigError, IncompatibleModelError, NonFiniteLossError, spell
 from trainers.hparams import write_experiment_config
 from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
 from trainers.recipes import SHARED_SETTINGS
 from trainers.registry import engine_class
-from trainers.rundir import FAILED
+from trainers.rundir import FAILED, RunDirectory, run_path
 from trainers.stats import paired_test, summarize
 from trainers.step_timing import ROUNDS, time_steps
 from trainers.trainer import Trainer
@@ -286,7 +286,7 @@ def experiment_runs(out_dir) -> dict[str, list[dict]]:
 
 
 def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
-                   epochs=None, steps=None, resume=False, overwrite=True, run_name=None, allow_changes=(),
+                   epochs=None, steps=None, resume=False, overwrite=False, run_name=None, allow_changes=(),
                    budget: str = "samples", reference: str | None = None, target: float | None = None,
                    timing_rounds: int = ROUNDS, clock=time.perf_counter) -> dict:
     """Time every trainer's step, run every (trainer, seed) for its budget, then write the summary,
@@ -301,7 +301,8 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     of the time-to-target table (default: ``trainers.verdict.default_target``).
 
     A run whose loss turns NaN or Inf is recorded (``failed.json`` in its directory, listed
-    in ``summary.md``) and the others go on; the returned ``failures`` lists them.
+    in ``summary.md``) and the others go on; the returned ``failures`` lists them. A run directory
+    that already holds a run is refused before anything trains, unless ``resume`` or ``overwrite``.
 
     ``build(trainer, seed) -> trainers.cli.Setup`` makes a fresh, seeded setup
     (engine, task, model, config, meta, settings); all setups are built and checked before any run
@@ -314,6 +315,12 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     ref = reference_trainer(trainers, reference)
     setups = {(t, s): build(t, s) for t in trainers for s in seeds}
     out_dir = Path(logdir) / experiment
+    if not (resume or overwrite):  # nothing finished is replaced, and the refusal comes before any training
+        for t, s in setups:
+            path = run_path(logdir, experiment, run_name or t, s)
+            if RunDirectory(path).holds_run():
+                raise ConfigError(f"{path} already holds a run; {spell('resume')} continues the comparison, "
+                                  f"{spell('overwrite')} replaces its runs, or choose another {spell('experiment')}")
     here = DataParallel()
     # rank 0 decides whether a resume reuses its timing; every rank times (in lockstep), rank 0's numbers count
     previous = here.broadcast_object(_previous_timing(out_dir, trainers, ref) if resume and here.is_main else None,

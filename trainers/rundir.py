@@ -25,6 +25,7 @@ only when the user says so, and each change is recorded. The rest (logging,
 evaluation batch size, device) follow the current run.
 """
 
+import errno
 import fcntl
 import json
 import os
@@ -77,7 +78,14 @@ class RunDirectory:
     def acquire(self) -> None:
         """Create the directory and take its lock; ``RunBusyError`` if another process holds it."""
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # O_NOFOLLOW: a link planted at .lock is refused, never followed and truncated
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            raise ConfigError(f"{self.path / LOCK} is a symbolic link (to {os.readlink(self.path / LOCK)}); a run's "
+                              f"lock must be a plain file, and nothing outside the run is written: remove the "
+                              f"link") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -26,7 +26,8 @@ from trainers.checkpoint import write_text_atomic
 from trainers.config import TrainConfig
 from trainers.distributed import DataParallel
 from trainers.errors import ConfigError, NonFiniteLossError
-from trainers.registry import engine_class
+from trainers.options import parse_options
+from trainers.registry import build_engine, engine_class
 from trainers.trainer import Trainer
 
 __all__ = ["LR_FACTORS", "parse_grid", "trainer_grid", "trial_name", "select", "tune_trainer"]
@@ -45,8 +46,9 @@ def _value(text: str):
 def parse_grid(items: list[str], trainers: list[str]) -> dict[str, list]:
     """``["lr=1e-3,1e-2", "foton.temperature=1,4"]`` -> ``{"lr": [...], "foton.temperature": [...]}``.
 
-    Keys are ``TrainConfig`` fields or ``<trainer>.<option>`` of a trainer of the comparison;
-    anything else is a one-line ``ConfigError``.
+    Keys are ``TrainConfig`` fields or ``<trainer>.<option>`` of a trainer of the comparison, and every
+    value must be one the option accepts, each once; anything else is a one-line ``ConfigError``, raised
+    before any trial runs.
     """
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"seed", "device", "dtype", "progress"}
     grid = {}
@@ -66,6 +68,17 @@ def parse_grid(items: list[str], trainers: list[str]) -> dict[str, list]:
                                   f"its options: {', '.join(sorted(options)) or 'none'}")
         elif key not in fields:
             raise ConfigError(f"--tune-grid {key}: not a training option; tunable: {', '.join(sorted(fields))}")
+        for value in values:  # every value checked before any trial trains (a bad one would stop the search late)
+            try:
+                if dot:
+                    build_engine(trainer, **{option: value})
+                else:
+                    parse_options(TrainConfig, {key: value})
+            except ConfigError as err:
+                raise ConfigError(f"--tune-grid {key}: value {value!r} is refused: {err}") from None
+        if len(set(values)) < len(values):
+            raise ConfigError(f"--tune-grid {key} lists a value twice ({text}): two identical trials would share "
+                              f"one folder")
         grid[key] = values
     return grid
 

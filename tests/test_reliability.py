@@ -1,0 +1,58 @@
+"""Issue 23: nothing outside a run directory is written, nothing finished is replaced without --overwrite,
+and bad input is refused before anything trains or is written."""
+
+import os
+
+import pytest
+
+from trainers.cli import compare_main, train_main
+
+QUICK = ["--depth", "2", "--width", "8", "--steps", "2", "--progress", "false"]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_lock_link_planted_in_a_run_directory_is_refused_and_its_target_kept(tmp_path, capsys, resume):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("nineteen bytes here")
+    run = tmp_path / "runs" / "train" / "backprop" / "seed0"
+    run.mkdir(parents=True)
+    os.symlink(outside, run / ".lock")
+    code = train_main([*QUICK, "--logdir", str(tmp_path / "runs"), *(["--resume"] if resume else [])])
+    err = one_line_error(capsys)
+    assert code == 2 and ".lock is a symbolic link" in err and "remove the link" in err
+    assert outside.read_text() == "nineteen bytes here"
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing trained or written
+
+
+def test_compare_into_an_existing_experiment_refuses_without_overwrite(tmp_path, capsys):
+    flags = [*QUICK, "--trainers", "backprop,fa", "--seeds", "0", "--timing-rounds", "5", "--logdir", str(tmp_path)]
+    assert compare_main(flags) == 0
+    first = (tmp_path / "compare-digits" / "backprop" / "seed0" / "result.json").read_text()
+    capsys.readouterr()
+    assert compare_main([*flags, "--lr", "0.01"]) == 2
+    err = one_line_error(capsys)
+    assert "already holds a run" in err and "--overwrite" in err and "--resume" in err
+    assert (tmp_path / "compare-digits" / "backprop" / "seed0" / "result.json").read_text() == first
+    assert compare_main([*flags, "--lr", "0.01", "--overwrite"]) == 0  # asked for: replaced
+    assert (tmp_path / "compare-digits" / "backprop" / "seed0" / "result.json").read_text() != first
+
+
+@pytest.mark.parametrize("grid, expected", [
+    ("lr=1e-3,abc", "value 'abc' is refused"),
+    ("batch_size=64,0", "value 0 is refused"),
+    ("lr=1e-3,1e400", "value inf is refused"),
+    ("lr=0.001,1e-3", "lists a value twice"),
+    ("fa.feedback_seed=0,x", "value 'x' is refused"),
+])
+def test_a_bad_tuning_grid_value_is_refused_before_any_trial(tmp_path, capsys, grid, expected):
+    code = compare_main([*QUICK, "--trainers", "backprop,fa", "--seeds", "0", "--tune", "--tune-grid", grid,
+                         "--logdir", str(tmp_path / "runs")])
+    err = one_line_error(capsys)
+    assert code == 2 and expected in err, err
+    assert not (tmp_path / "runs").exists()
