@@ -56,3 +56,23 @@ def test_a_bad_tuning_grid_value_is_refused_before_any_trial(tmp_path, capsys, g
     err = one_line_error(capsys)
     assert code == 2 and expected in err, err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("damage", ["a damaged line", "a directory"])
+def test_a_damaged_metrics_file_on_resume_keeps_the_finished_runs_result(tmp_path, capsys, damage):
+    flags = [*QUICK[:4], "--progress", "false", "--log-every", "1", "--logdir", str(tmp_path)]
+    assert train_main([*flags, "--steps", "3"]) == 0
+    run = tmp_path / "train" / "backprop" / "seed0"
+    result = (run / "result.json").read_text()
+    metrics = run / "metrics.jsonl"
+    if damage == "a damaged line":
+        lines = metrics.read_text().splitlines()
+        metrics.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    else:
+        metrics.unlink()
+        metrics.mkdir()
+    capsys.readouterr()
+    assert train_main([*flags, "--steps", "5", "--resume"]) == 2
+    err = one_line_error(capsys)
+    assert "metrics.jsonl" in err
+    assert (run / "result.json").read_text() == result

@@ -38,6 +38,8 @@ def read_metrics(run_dir) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
+    if not path.is_file():
+        raise DataError(f"{path} is not a file (a directory or a device); move it away to continue this run")
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     records = []
     for number, line in enumerate(lines, 1):

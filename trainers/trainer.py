@@ -369,12 +369,12 @@ class Trainer:
         self.parallel.broadcast_module(self.model)  # one replica, whatever each rank initialised
         run_dir = self.run_dir if self.parallel.is_main else None  # rank 0 writes
         try:
-            if run_dir is not None and resuming:
-                for stale in ("result.json", "failed.json"):  # records of the shorter run this one continues
-                    (run_dir / stale).unlink(missing_ok=True)
             logger = RunLogger(run_dir, resume_step=self.step if resuming else None, axis=cfg.log_axis,
                                purge_after=self.samples_seen(self.step) if cfg.log_axis == "samples" else None) \
                 if run_dir is not None else None
+            if run_dir is not None and resuming:  # only once its records were read: a damaged one stops here
+                for stale in ("result.json", "failed.json"):  # records of the shorter run this one continues
+                    (run_dir / stale).unlink(missing_ok=True)
         except OSError as err:
             raise RunWriteError(self._write_failure(err)) from None
         eval_every = cfg.eval_every or self.steps_per_epoch()
