@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tasks.errors import TaskConfigError
+
 __all__ = [
     "Split",
     "Task",
@@ -127,6 +129,11 @@ class Task:
             raise ValueError(f"unsupported metric '{self.metric_name}'; available: {', '.join(METRICS)}")
         for split_name in ("train", "val", "test"):
             split = getattr(self, split_name)
+            if len(split) == 0:
+                raise TaskConfigError(
+                    f"task '{self.name}': the {split_name} split is empty; training needs samples, model selection "
+                    f"a validation split and the report a test split (check the task's split options)")
+            self._check_labels(split_name, split)
             if tuple(split.inputs.shape[1:]) != self.input_shape:
                 raise ValueError(
                     f"task '{self.name}': {split_name} inputs have sample shape "
@@ -138,6 +145,17 @@ class Task:
                     f"task '{self.name}': {split_name} targets have sample shape {tuple(split.targets.shape[1:])}, "
                     f"which does not match the output shape {self.expected_output_shape}"
                 )
+
+    def _check_labels(self, split_name: str, split: Split) -> None:
+        """Class labels in [0, classes) and token targets in [0, vocabulary), or ``IGNORE_INDEX``: a label out
+        of range would otherwise fail inside torch's loss mid-training."""
+        classes = self.expected_output_shape[-1]
+        counted = split.targets[split.targets != IGNORE_INDEX]
+        if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= classes):
+            bad = int(counted.min()) if int(counted.min()) < 0 else int(counted.max())
+            raise TaskConfigError(
+                f"task '{self.name}': the {split_name} split has label {bad}, outside [0, {classes}) of the task's "
+                f"{classes} outputs")
 
     @property
     def expected_output_shape(self) -> tuple[int, ...]:

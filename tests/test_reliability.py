@@ -76,3 +76,37 @@ def test_a_damaged_metrics_file_on_resume_keeps_the_finished_runs_result(tmp_pat
     err = one_line_error(capsys)
     assert "metrics.jsonl" in err
     assert (run / "result.json").read_text() == result
+
+
+@pytest.mark.parametrize("option", ["n_val=0", "n_test=0"])
+def test_an_empty_split_is_refused_before_training(tmp_path, capsys, option):
+    code = train_main([*QUICK, "--task", "teacher", "--task-option", option, "--logdir", str(tmp_path / "runs")])
+    err = one_line_error(capsys)
+    assert code == 2 and "split is empty" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_labels_out_of_range_are_refused_when_the_task_is_built():
+    import torch
+
+    from tasks.base import Split, Task
+    from tasks.errors import TaskConfigError
+
+    good = Split(torch.zeros(4, 3), torch.tensor([0, 1, 2, 1]))
+    Task("ok", good, good, good, input_shape=(3,), num_outputs=3)
+    bad = Split(torch.zeros(4, 3), torch.tensor([0, 1, 3, 1]))
+    with pytest.raises(TaskConfigError, match="the val split has label 3, outside \\[0, 3\\)"):
+        Task("bad", good, bad, good, input_shape=(3,), num_outputs=3)
+    negative = Split(torch.zeros(2, 3), torch.tensor([0, -1]))
+    with pytest.raises(TaskConfigError, match="label -1"):
+        Task("bad", negative, good, good, input_shape=(3,), num_outputs=3)
+
+
+def test_resume_on_another_split_is_refused(tmp_path, capsys):
+    flags = [*QUICK[:4], "--progress", "false", "--logdir", str(tmp_path)]
+    assert train_main([*flags, "--steps", "2"]) == 0
+    capsys.readouterr()
+    assert train_main([*flags, "--steps", "4", "--resume", "--split-seed", "1"]) == 2
+    err = one_line_error(capsys)
+    assert "another split of the data" in err and "--split-seed" in err
+    assert train_main([*flags, "--steps", "4", "--resume"]) == 0  # its own split continues

@@ -223,6 +223,14 @@ def check_resume(path, state: dict, identity: dict, config: dict, allow_changes=
     saved = state.get("identity")
     if saved is None:  # written before identities were recorded: the trainer name is all there is
         saved = {**identity, "trainer": state.get("engine_name")}
+    # the split's fingerprint is compared after the rest of the task (a checkpoint recorded before splits were
+    # fingerprinted has none: nothing to compare)
+    saved_task = saved.get("task")
+    saved_split = saved_task.get("split") if isinstance(saved_task, dict) else None
+    split = identity["task"].get("split")
+    if isinstance(saved_task, dict):
+        saved = {**saved, "task": {k: v for k, v in saved_task.items() if k != "split"}}
+    identity = {**identity, "task": {k: v for k, v in identity["task"].items() if k != "split"}}
     for key, what in (("trainer", "trainer"), ("task", "task"), ("engine", "trainer options"), ("model", "model")):
         if saved[key] != identity[key]:
             diff = (", ".join(_differences(saved[key], identity[key])[:3])
@@ -230,6 +238,10 @@ def check_resume(path, state: dict, identity: dict, config: dict, allow_changes=
                     else f"{saved[key]!r} there, {identity[key]!r} here")
             raise ConfigError(f"cannot resume {path}: its checkpoint is of another {what} ({diff}); start a new "
                               f"run with another {spell('run_name')}, or {spell('overwrite')}")
+    if saved_split is not None and saved_split != split:
+        raise ConfigError(f"cannot resume {path}: its checkpoint was trained on another split of the data (another "
+                          f"{spell('split_seed')} or other data files); resume with the run's own, or start a new "
+                          f"run with another {spell('run_name')}, or {spell('overwrite')}")
     if shapes is not None:
         saved_shapes = {k: tuple(v.shape) for k, v in state["model"].items()}
         for k in sorted(set(saved_shapes) | set(shapes)):

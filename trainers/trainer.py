@@ -27,6 +27,7 @@ batch, so a run continues with any number of ranks that keeps it.
 """
 
 import copy
+import hashlib
 import json
 import math
 import resource
@@ -99,6 +100,16 @@ def eval_subset(n: int, batches: int | None, batch_size: int) -> torch.Tensor | 
     if batches is None or batches * batch_size >= n:
         return None
     return torch.randperm(n, generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:batches * batch_size]
+
+
+def split_fingerprint(task: Task) -> str:
+    """A short hash of which samples are in which split, in which order (the targets of the three splits and the
+    first training inputs): another ``--split-seed`` or other data files give another fingerprint."""
+    digest = hashlib.sha1()
+    for split in (task.train, task.val, task.test):
+        digest.update(split.targets.contiguous().numpy().tobytes())
+    digest.update(task.train.inputs[:64].contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _to_device(x, device, dtype):
@@ -280,7 +291,8 @@ class Trainer:
         task = self.task
         return {"trainer": self.engine.name, "engine": self.engine.hparams(), "model": self.meta,
                 "task": {"name": task.name, "input_shape": list(task.input_shape), "outputs": task.num_outputs,
-                         **{split: len(getattr(task, split)) for split in ("train", "val", "test")}}}
+                         **{split: len(getattr(task, split)) for split in ("train", "val", "test")},
+                         "split": split_fingerprint(task)}}
 
     def save_checkpoint(self) -> Path | None:
         """Write the run directory's newest checkpoint atomically, keeping the previous one (rank 0 only)."""
