@@ -1,6 +1,7 @@
 """Issue 23: nothing outside a run directory is written, nothing finished is replaced without --overwrite,
 and bad input is refused before anything trains or is written."""
 
+import json
 import os
 
 import pytest
@@ -110,3 +111,49 @@ def test_resume_on_another_split_is_refused(tmp_path, capsys):
     err = one_line_error(capsys)
     assert "another split of the data" in err and "--split-seed" in err
     assert train_main([*flags, "--steps", "4", "--resume"]) == 0  # its own split continues
+
+
+DAMAGED = {
+    "truncated": b'{"run": "x", "trainer": "backprop", "met',
+    "empty object": b"{}",
+    "a list": b"[1, 2]",
+    "not UTF-8": b'{"run": "\xff\xfe"}',
+    "test is text": b'{"run": "x", "trainer": "t", "task": "digits", "metric": "accuracy", "steps": 1, '
+                    b'"best_val": {"accuracy": 0.5}, "final_val": {"accuracy": 0.5}, "test": "high", '
+                    b'"config": {"seed": 0}, "engine": {}, "model": {}}',
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED))
+def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys, damage):
+    from trainers.cli import table_main
+
+    planted = tmp_path / "compare-digits" / "planted" / "seed0"
+    planted.mkdir(parents=True)
+    (planted / "result.json").write_bytes(DAMAGED[damage])
+    (planted / "failed.json").write_bytes(DAMAGED[damage])
+    assert compare_main([*QUICK, "--trainers", "backprop", "--seeds", "0", "--timing-rounds", "5",
+                         "--logdir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"{planted / 'result.json'} is damaged") == 1 and f"{planted / 'failed.json'} is damaged" in err
+    summary = (tmp_path / "compare-digits" / "summary.md").read_text()
+    assert "| backprop | 1 |" in summary and "planted" not in summary
+    assert train_main([*QUICK, "--logdir", str(tmp_path), "--experiment", "compare-digits", "--run-name", "solo"]) == 0
+    assert table_main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "| compare-digits |" in out and "backprop" in out and "is damaged" in err
+
+
+def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsys):
+    from trainers.cli import table_main
+
+    assert compare_main([*QUICK, "--trainers", "backprop", "--seeds", "0", "--timing-rounds", "5",
+                         "--run-name", "group/bp", "--logdir", str(tmp_path)]) == 0
+    summary = (tmp_path / "compare-digits" / "summary.md").read_text()
+    assert "| group/bp | 1 |" in summary  # a run name with a '/' keeps its row
+    result = tmp_path / "compare-digits" / "group" / "bp" / "seed0" / "result.json"
+    record = json.loads(result.read_text())
+    result.write_text(json.dumps({**record, "test": None}))
+    capsys.readouterr()
+    assert table_main([str(tmp_path), "--value", "best_val"]) == 0
+    assert "group/bp" in capsys.readouterr().out

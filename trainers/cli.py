@@ -43,6 +43,7 @@ from trainers.hparams import write_experiment_config
 from trainers.memory import check_fits
 from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
 from trainers.recipes import recipe_for
+from trainers.records import forget_notes
 from trainers.registry import available, build_engine, engine_class
 from trainers.rng import seed_everything
 from trainers.rundir import note
@@ -287,6 +288,7 @@ def run_cli(main) -> int:
     rank prints its own error (prefixed with its rank); the scripts end with
     ``trainers.distributed.exit_process``, which closes the group.
     """
+    forget_notes()
     try:
         with command_line():
             return main() or 0

@@ -14,13 +14,14 @@ from pathlib import Path
 from trainers.budget import BUDGETS, budget_steps, reference_trainer
 from trainers.checkpoint import write_text_atomic
 from trainers.distributed import DataParallel
-from trainers.errors import ConfigError, IncompatibleModelError, NonFiniteLossError, spell
+from trainers.errors import ConfigError, DataError, IncompatibleModelError, NonFiniteLossError, spell
 from trainers.hparams import write_experiment_config
 from trainers.logger import read_metrics
 from trainers.plots import plot_comparison
 from trainers.recipes import SHARED_SETTINGS
+from trainers.records import failure_problem, read_records
 from trainers.registry import engine_class
-from trainers.rundir import FAILED, RunDirectory, run_path
+from trainers.rundir import FAILED, RunDirectory, note, run_path
 from trainers.stats import paired_test, summarize
 from trainers.step_timing import ROUNDS, time_steps
 from trainers.trainer import Trainer
@@ -272,16 +273,30 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
 
 
 def experiment_failures(out_dir) -> list[dict]:
-    """Every run below one experiment folder that stopped on a non-finite loss: ``{"run", "seed", "error"}``."""
-    return [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob(f"*/seed*/{FAILED}"))]
+    """Every run below one experiment folder that stopped on a non-finite loss: ``{"run", "seed", "error"}``
+    (a damaged ``failed.json`` is noted and left out)."""
+    return [record for _, record in read_records(_run_files(out_dir, FAILED), failure_problem)]
+
+
+def _run_files(out_dir, name: str) -> list[Path]:
+    """``<run name...>/seed<k>/<name>`` below ``out_dir`` (run names may hold a '/'), tuning trials excluded."""
+    out_dir = Path(out_dir)
+    return sorted(p for p in out_dir.rglob(f"seed*/{name}") if p.parent.parent != out_dir
+                  and "tuning" not in p.relative_to(out_dir).parts[:1])
 
 
 def experiment_runs(out_dir) -> dict[str, list[dict]]:
-    """Every finished run below one experiment folder: run name -> per-seed report and history."""
+    """Every finished run below one experiment folder: run name -> per-seed report and history (a damaged
+    ``result.json`` or ``metrics.jsonl`` is noted and the run left out)."""
     runs: dict[str, list[dict]] = {}
-    for result in sorted(Path(out_dir).glob("*/seed*/result.json")):
-        runs.setdefault(result.parent.parent.name, []).append(
-            {"report": json.loads(result.read_text()), "history": read_metrics(result.parent)})
+    for result, record in read_records(_run_files(out_dir, "result.json")):
+        try:
+            history = read_metrics(result.parent)
+        except DataError as err:
+            note(f"{err}; {result.parent} left out")
+            continue
+        runs.setdefault(str(result.parent.parent.relative_to(out_dir)), []).append(
+            {"report": record, "history": history})
     return runs
 
 
@@ -411,8 +426,7 @@ def collect_results(root) -> list[dict]:
     """Every ``result.json`` below ``root`` but tuning trials', with its experiment path relative to ``root``."""
     root = Path(root)
     rows = []
-    for path in sorted(root.rglob("result.json")):
-        record = json.loads(path.read_text())
+    for path, record in read_records(sorted(root.rglob("result.json"))):
         if "trial" in (record.get("settings") or {}):
             continue
         run_dir = path.parent  # <root>/<experiment...>/<run>/seed<k>
@@ -425,7 +439,8 @@ def pivot_cells(rows: list[dict], *, value: str = "test", columns: list[str] | N
     """(cells, experiments, runs): ``cells[(experiment, run)]`` = the ``value`` split's metric per seed."""
     cells: dict[tuple[str, str], list[float]] = {}
     for r in rows:
-        cells.setdefault((r["experiment"], r["run"]), []).append(r[value][r["metric"]])
+        if r[value] is not None:  # no test of a run that never evaluated it
+            cells.setdefault((r["experiment"], r["run"]), []).append(r[value][r["metric"]])
     experiments = list(dict.fromkeys(r["experiment"] for r in rows))
     return cells, experiments, columns or list(dict.fromkeys(r["run"] for r in rows))
 

@@ -23,6 +23,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2, summ
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from trainers.checkpoint import write_atomic
+from trainers.records import read_records
 
 __all__ = ["METRIC_PREFIX", "CONFIG_FILE", "SHOWN_FIRST", "metric_display_names", "session_metrics", "session_hparams",
            "session_summaries", "experiment_config", "write_experiment_config"]
@@ -163,7 +164,7 @@ def write_experiment_config(experiment_dir) -> Path:
     A TensorBoard already running keeps the configuration it read first; restart it to see added runs.
     """
     experiment_dir = Path(experiment_dir)
-    records = [json.loads(p.read_text()) for p in sorted(experiment_dir.rglob("result.json"))]
+    records = [record for _, record in read_records(sorted(experiment_dir.rglob("result.json")))]  # damaged: noted
     events = [Event(wall_time=time.time(), file_version="brain.Event:2"),
               Event(wall_time=time.time(), summary=experiment_config(records))]
 

@@ -119,11 +119,10 @@ class RunDirectory:
             events.unlink()
 
     def result(self) -> dict | None:
-        """The finished run's ``result.json`` (None if it has not finished, or the file is unreadable)."""
-        try:
-            return json.loads((self.path / RESULT).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        """The finished run's ``result.json`` (None if it has not finished, or the file is damaged: noted)."""
+        from trainers.records import read_record  # records reads notes from here
+
+        return read_record(self.path / RESULT) if (self.path / RESULT).exists() else None
 
     def open(self, *, resume: bool, overwrite: bool, total: int, identity: dict, config: dict, shapes: dict,
              allow_changes=()):
