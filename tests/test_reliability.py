@@ -157,3 +157,49 @@ def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsy
     capsys.readouterr()
     assert table_main([str(tmp_path), "--value", "best_val"]) == 0
     assert "group/bp" in capsys.readouterr().out
+
+
+def _craft(state: dict, damage: str, path) -> None:
+    import pickle
+
+    import torch
+
+    if damage == "a text step":
+        state["step"] = "two"
+    elif damage == "a negative step":
+        state["step"] = -5
+    elif damage == "garbage rng":
+        state["rng"] = {"python": "x", "numpy": (1, 2), "torch": None}
+    elif damage == "no config":
+        del state["config"]
+    elif damage == "an empty optimizer state":
+        state["optimizer"] = {}
+    if damage == "a directory":
+        path.mkdir()
+    elif damage == "a FIFO":
+        os.mkfifo(path)
+    elif damage == "a raw pickle":
+        path.write_bytes(pickle.dumps({"step": 1}))
+    else:
+        torch.save(state, path)
+
+
+@pytest.mark.parametrize("damage", ["a text step", "a negative step", "garbage rng", "no config",
+                                    "an empty optimizer state", "a directory", "a FIFO", "a raw pickle"])
+def test_a_damaged_checkpoint_is_one_line_and_nothing_trains(tmp_path, capsys, damage):
+    from trainers.checkpoint import load_checkpoint
+
+    flags = [*QUICK[:4], "--progress", "false", "--logdir", str(tmp_path)]
+    assert train_main([*flags, "--steps", "2", "--checkpoint-every", "1"]) == 0
+    run = tmp_path / "train" / "backprop" / "seed0"
+    state = load_checkpoint(run / "checkpoint.pt")
+    (run / "checkpoint.pt").unlink()
+    (run / "checkpoint.prev.pt").unlink()
+    _craft(state, damage, run / "checkpoint.pt")
+    before = (run / "result.json").read_text()
+    capsys.readouterr()
+    assert train_main([*flags, "--steps", "4", "--resume"]) == 2
+    err = one_line_error(capsys)
+    assert "checkpoint.pt" in err
+    assert ("refused" in err) if damage == "a raw pickle" else ("--overwrite starts the run afresh" in err), err
+    assert (run / "result.json").read_text() == before  # nothing trained, nothing replaced

@@ -18,6 +18,7 @@ one raises ``DamagedCheckpointError``.
 import importlib
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import torch
 
 from trainers.errors import DamagedCheckpointError, UnsafeCheckpointError
 
-__all__ = ["save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic", "TEMP_SUFFIX"]
+__all__ = ["state_problem", "save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".tmp"  # temporary files are ".<name>.<random>.tmp" beside their target
 
@@ -130,8 +131,22 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     """Load a checkpoint written by ``save_atomic``, with ``weights_only=True``.
 
     Raises ``UnsafeCheckpointError`` if it holds objects other than tensors and plain
-    values (nothing of it is executed), ``DamagedCheckpointError`` if it cannot be read.
+    values, or is a raw pickle rather than torch's zip format (nothing of it is executed),
+    ``DamagedCheckpointError`` if it cannot be read, is not a regular file (a directory; a
+    FIFO is never opened, so it cannot hang). ``state_problem`` says whether what it holds can
+    continue a run.
     """
+    kind = os.stat(path).st_mode  # FileNotFoundError: no checkpoint
+    if not stat.S_ISREG(kind):
+        what = "a directory" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else "not a regular file"
+        raise DamagedCheckpointError(f"checkpoint {path} is {what}, not a checkpoint file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:1] == b"\x80":  # a pickle protocol 2+ stream: not torch's zip format
+        raise UnsafeCheckpointError(f"checkpoint {path} is a raw pickle, not a torch checkpoint; refused without "
+                                    f"loading it (loading it could run code)")
+    if head != b"PK\x03\x04":
+        raise DamagedCheckpointError(f"checkpoint {path} is damaged (not torch's zip format)")
     try:
         with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
             state = torch.load(path, map_location=map_location, weights_only=True)
@@ -148,3 +163,37 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     if not isinstance(state, dict) or "step" not in state:
         raise DamagedCheckpointError(f"checkpoint {path} is damaged (not a checkpoint of this framework)")
     return state
+
+
+def state_problem(state) -> str | None:
+    """Why a loaded checkpoint cannot continue a Trainer's run (None: it can): a step that is not a non-negative
+    integer, no model weights, an optimizer state without parameter groups, no config, random generator
+    states that do not apply (tried, then the current ones put back)."""
+    from trainers.rng import rng_state, set_rng_state  # rng imports nothing of the run
+
+    if not isinstance(state, dict) or "step" not in state:
+        return "not a checkpoint of this framework"
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step {step!r} is not a non-negative integer"
+    model = state.get("model")
+    if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        return "no model weights"
+    optimizer = state.get("optimizer")
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("param_groups"), list) \
+            or not optimizer["param_groups"] or not isinstance(optimizer.get("state"), dict):
+        return "no optimizer state with parameter groups"
+    if not isinstance(state.get("config"), dict):
+        return "no config"
+    if state.get("scheduler") is not None and not isinstance(state["scheduler"], dict):
+        return "a scheduler state that is not a dict"
+    if not isinstance(state.get("engine"), dict):
+        return "no engine state"
+    current = rng_state()
+    try:
+        set_rng_state(state.get("rng"))
+    except Exception as err:  # any malformed piece: a type, a length, a key
+        return f"its random generator states do not apply ({type(err).__name__})"
+    finally:
+        set_rng_state(current)
+    return None

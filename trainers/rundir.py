@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainers.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, write_text_atomic
+from trainers.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, state_problem, write_text_atomic
 from trainers.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
 
 __all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
@@ -168,6 +168,9 @@ class RunDirectory:
         for path in (self.checkpoint, self.previous):
             try:
                 state = load_checkpoint(path)
+                problem = state_problem(state)
+                if problem:
+                    raise DamagedCheckpointError(f"checkpoint {path} is damaged ({problem})")
             except FileNotFoundError:
                 continue
             except DamagedCheckpointError as err:
