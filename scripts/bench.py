@@ -5,9 +5,7 @@
     python scripts/bench.py --suite engines --trainers backprop --depths 8,32 --widths 256,1024
 """
 
-import sys
-
-from trainers.cli import bench_main
+from _entry import run
 
 if __name__ == "__main__":
-    sys.exit(bench_main())
+    run("bench")

@@ -5,8 +5,7 @@
     python scripts/compare.py --trainers backprop --model residual_mlp --seeds 0,1
 """
 
-from trainers.cli import compare_main
-from trainers.distributed import exit_process
+from _entry import run
 
 if __name__ == "__main__":
-    exit_process(compare_main())
+    run("compare")

@@ -8,9 +8,7 @@
 Rows are experiment folders, columns run names, cells mean ± std over seeds (count).
 """
 
-import sys
-
-from trainers.cli import table_main
+from _entry import run
 
 if __name__ == "__main__":
-    sys.exit(table_main())
+    run("table")

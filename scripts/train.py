@@ -5,8 +5,7 @@
     python scripts/train.py --help      # lists trainers, models and tasks
 """
 
-from trainers.cli import train_main
-from trainers.distributed import exit_process
+from _entry import run
 
 if __name__ == "__main__":
-    exit_process(train_main())
+    run("train")

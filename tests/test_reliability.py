@@ -203,3 +203,64 @@ def test_a_damaged_checkpoint_is_one_line_and_nothing_trains(tmp_path, capsys, d
     assert "checkpoint.pt" in err
     assert ("refused" in err) if damage == "a raw pickle" else ("--overwrite starts the run afresh" in err), err
     assert (run / "result.json").read_text() == before  # nothing trained, nothing replaced
+
+
+def test_sigterm_is_one_line_keeps_the_checkpoint_and_resume_is_exact(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    flags = ["--task", "teacher", "--task-option", "n_train=512", "--width", "32", "--depth", "3", "--batch-size",
+             "16", "--steps", "1200", "--checkpoint-every", "20", "--eval-every", "200", "--progress", "false",
+             "--experiment", "e"]
+    script = [sys.executable, str(root / "scripts" / "train.py"), *flags]
+    subprocess.run([*script, "--logdir", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+    run = tmp_path / "stopped" / "e" / "backprop" / "seed0"
+    proc = subprocess.Popen([*script, "--logdir", str(tmp_path / "stopped")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "checkpoint.prev.pt").exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.count("\n") == 1 and err.startswith("error: terminated (SIGTERM) at step "), err
+    assert "the last checkpoint" in err and "--resume continues the run" in err
+    step = torch.load(run / "checkpoint.pt", weights_only=True)["step"]
+    assert 0 < step < 1200
+    subprocess.run([*script, "--logdir", str(tmp_path / "stopped"), "--resume"], check=True, env=env,
+                   capture_output=True)
+
+    def records(root):
+        lines = (root / "e" / "backprop" / "seed0" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "memory/"))}
+                for line in lines]
+
+    assert records(tmp_path / "stopped") == records(tmp_path / "whole")
+
+
+def test_ctrl_c_while_the_framework_loads_is_one_line():
+    """A KeyboardInterrupt raised while a script imports trainers (as Ctrl-C during torch's import would)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import builtins, runpy, sys\n"
+            "real = builtins.__import__\n"
+            "def ctrl_c(name, *args, **kwargs):\n"
+            "    if name == 'trainers.cli':\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = ctrl_c\n"
+            f"sys.path.insert(0, {str(root / 'scripts')!r})\n"
+            f"runpy.run_path({str(root / 'scripts' / 'train.py')!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 130 and proc.stderr == "error: interrupted while starting\n", proc.stderr

@@ -189,9 +189,11 @@ def state_problem(state) -> str | None:
         return "a scheduler state that is not a dict"
     if not isinstance(state.get("engine"), dict):
         return "no engine state"
+    if not isinstance(state.get("rng"), dict):
+        return "no random generator states"
     current = rng_state()
     try:
-        set_rng_state(state.get("rng"))
+        set_rng_state(state["rng"])
     except Exception as err:  # any malformed piece: a type, a length, a key
         return f"its random generator states do not apply ({type(err).__name__})"
     finally:

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -35,7 +36,9 @@ from trainers.errors import (
     DistributedError,
     NonFiniteLossError,
     RunOutOfMemory,
+    RunTerminated,
     RunWriteError,
+    Terminated,
     command_line,
     out_of_memory,
 )
@@ -55,6 +58,7 @@ __all__ = ["train_main", "compare_main", "bench_main", "table_main", "main", "co
            "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup", "OneLineParser"]
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+TERMINATED = 143  # ... and by SIGTERM
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
 MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; larger ones overflow torch's sizes
 
@@ -284,11 +288,22 @@ def run_cli(main) -> int:
     Exit 2: user errors and OS errors before training started (``--logdir`` not
     writable, a file, a full disk); exit 1: a NaN loss, a lost rank, or a write that
     failed during training (``RunWriteError`` says what was kept), memory that ran out during
-    training; exit 130: Ctrl-C. Under torchrun every
+    training; exit 130: Ctrl-C; exit 143: SIGTERM (turned into ``Terminated`` while ``main`` runs,
+    so a run stops as on Ctrl-C: its last checkpoint kept, ``--resume`` exact). Under torchrun every
     rank prints its own error (prefixed with its rank); the scripts end with
     ``trainers.distributed.exit_process``, which closes the group.
     """
     forget_notes()
+    previous = _on_sigterm(_terminate)
+    try:
+        return _run_reporting(main)
+    finally:
+        if previous is not None:
+            _on_sigterm(previous)
+
+
+def _run_reporting(main) -> int:
+    """``run_cli``'s body: ``main()``, every failure as one line on stderr and its exit code."""
     try:
         with command_line():
             return main() or 0
@@ -299,7 +314,9 @@ def run_cli(main) -> int:
     except OSError as err:
         code, message = 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
     except KeyboardInterrupt as err:
-        code, message = INTERRUPTED, str(err) or "interrupted"
+        terminated = isinstance(err, (Terminated, RunTerminated))
+        code = TERMINATED if terminated else INTERRUPTED
+        message = str(err) or ("terminated (SIGTERM)" if terminated else "interrupted")
     except (MemoryError, RuntimeError) as err:  # a failed allocation before training: the sizes asked for
         if not out_of_memory(err):
             raise
@@ -308,6 +325,18 @@ def run_cli(main) -> int:
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
     print(f"error: {prefix}{message}", file=sys.stderr)
     return code
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _on_sigterm(handler):
+    """Install ``handler`` for SIGTERM (main thread only; elsewhere nothing) and return the previous one."""
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
 
 
 def train_main(argv=None, prog: str | None = None) -> int:

@@ -29,6 +29,8 @@ __all__ = [
     "NonFiniteLossError",
     "RunBusyError",
     "RunInterrupted",
+    "RunTerminated",
+    "Terminated",
     "RunOutOfMemory",
     "RunWriteError",
     "TaskConfigError",
@@ -79,6 +81,14 @@ class UnsafeCheckpointError(CheckpointError):
 
 class RunInterrupted(KeyboardInterrupt):
     """Training was interrupted (Ctrl-C, SIGINT); says what was kept (one line)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``trainers.cli.run_cli`` turns it into this, so training stops as on Ctrl-C)."""
+
+
+class RunTerminated(RunInterrupted):
+    """Training was stopped by SIGTERM; says what was kept (one line); exit code 143."""
 
 
 class RunOutOfMemory(RuntimeError):

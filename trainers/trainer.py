@@ -51,7 +51,9 @@ from trainers.errors import (
     NonFiniteLossError,
     RunInterrupted,
     RunOutOfMemory,
+    RunTerminated,
     RunWriteError,
+    Terminated,
     out_of_memory,
     spell,
 )
@@ -445,9 +447,11 @@ class Trainer:
             if out_of_memory(err):
                 raise RunOutOfMemory(f"{out_of_memory(err)} at step {self.step}, {self._kept()}; lower "
                                      f"{spell('batch_size')} or the model's size") from None
-            if type(err) is KeyboardInterrupt:
-                raise RunInterrupted(f"interrupted at step {self.step}, {self._kept()}; {spell('resume')} "
-                                     f"continues the run") from None
+            if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
+                stopped = RunTerminated if isinstance(err, Terminated) else RunInterrupted
+                what = "terminated (SIGTERM)" if stopped is RunTerminated else "interrupted"
+                raise stopped(f"{what} at step {self.step}, {self._kept()}; {spell('resume')} continues the "
+                              f"run") from None
             if isinstance(err, NonFiniteLossError) and logger and self.files:  # rank 0, still holding the lock
                 self.files.record_failure({"run": self.run_name, "trainer": self.engine.name, "seed": cfg.seed,
                                            "step": self.step, "error": str(err)})

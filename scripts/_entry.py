@@ -1,0 +1,17 @@
+"""What every script does: load the framework and run one command of ``trainers.cli`` (its exit status).
+
+Loading torch takes seconds; a Ctrl-C then ends in one line and exit status 130, as everywhere else,
+instead of a traceback through the import machinery."""
+
+import sys
+
+
+def run(command: str) -> None:
+    """Run ``trainers.cli.COMMANDS[command]`` on ``sys.argv[1:]`` and exit with its status."""
+    try:
+        from trainers.cli import COMMANDS
+        from trainers.distributed import exit_process
+    except KeyboardInterrupt:
+        print("error: interrupted while starting", file=sys.stderr)
+        sys.exit(130)
+    exit_process(COMMANDS[command]())
