@@ -37,6 +37,8 @@ def is_reference(name: str) -> bool:
 
 
 def _one_line(err: BaseException) -> str:
+    if isinstance(err, SystemExit):
+        return f"it called sys.exit({err.code!r})"
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
@@ -54,7 +56,7 @@ def _import_file(path: Path):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # a module that calls sys.exit() on import must not end the run quietly
         del sys.modules[name]
         raise ModelConfigError(f"model file {path} failed to import: {_one_line(err)}") from None
     return module
@@ -70,7 +72,7 @@ def load_reference(reference: str) -> Callable[..., Any]:
     else:
         try:
             module = importlib.import_module(where)
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise ModelConfigError(f"model module '{where}' cannot be imported: {_one_line(err)}") from None
     target = getattr(module, attr, None)
     if target is None or not callable(target):
@@ -103,7 +105,7 @@ def build_reference(reference: str, **options: Any) -> nn.Module:
                                f"{', '.join(accepted) or 'none'}")
     try:
         model = target(**options)
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         raise ModelConfigError(f"model '{reference}' could not be built with {options}: {_one_line(err)}") from None
     if not isinstance(model, nn.Module):
         raise ModelConfigError(f"model '{reference}' returned a {type(model).__name__}, not a torch.nn.Module")

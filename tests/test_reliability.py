@@ -264,3 +264,41 @@ def test_ctrl_c_while_the_framework_loads_is_one_line():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 130 and proc.stderr == "error: interrupted while starting\n", proc.stderr
+
+
+USER_MODELS = {
+    "returns a tuple": ("def forward(self, x):\n        return self.linear(x), None", 2, "returns a tuple, not a tensor"),
+    "raises": ("def forward(self, x):\n        raise ValueError('bad forward')", 2, "ValueError: bad forward"),
+    "fails in training mode": ("def forward(self, x):\n        if self.training:\n            raise KeyError('tr')\n"
+                               "        return self.linear(x)", 2, "failed in training mode"),
+    "fails at step 0": ("def forward(self, x):\n        if torch.is_grad_enabled():\n"
+                        "            raise ZeroDivisionError('step zero')\n        return self.linear(x)", 1,
+                        "failed at step 0: ZeroDivisionError: step zero"),
+    "all frozen": ("def forward(self, x):\n        return self.linear(x)\n\n    def freeze(self):\n        pass", 2,
+                   "has no trainable parameter"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_MODELS))
+def test_a_failing_user_model_is_one_line_and_the_run_directory_stays_rerunnable(tmp_path, capsys, case):
+    forward, code, expected = USER_MODELS[case]
+    frozen = "        self.linear.requires_grad_(False)\n" if case == "all frozen" else ""
+    (tmp_path / "mine.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Mine(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.linear = nn.Linear(64, 10)\n{frozen}\n    {forward}\n")
+    flags = ["--model", f"{tmp_path / 'mine.py'}:Mine", "--steps", "2", "--progress", "false",
+             "--logdir", str(tmp_path / "runs")]
+    assert train_main(flags) == code
+    err = one_line_error(capsys)
+    assert expected in err, err
+    run = tmp_path / "runs" / "train" / "backprop" / "seed0"
+    if run.exists():  # a failure during training: the same command may run again, no --overwrite needed
+        assert train_main(flags) == code
+        assert "already holds a run" not in one_line_error(capsys)
+
+
+def test_a_model_file_that_exits_on_import_is_an_error_not_a_quiet_success(tmp_path, capsys):
+    (tmp_path / "quits.py").write_text("import sys\nsys.exit(0)\n")
+    assert train_main(["--model", f"{tmp_path / 'quits.py'}:Net", "--steps", "1", "--progress", "false",
+                       "--logdir", str(tmp_path / "runs")]) == 2
+    assert "it called sys.exit(0)" in one_line_error(capsys)

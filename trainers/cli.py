@@ -34,6 +34,7 @@ from trainers.errors import (
     ConfigError,
     DataError,
     DistributedError,
+    ModelRunError,
     NonFiniteLossError,
     RunOutOfMemory,
     RunTerminated,
@@ -309,7 +310,7 @@ def _run_reporting(main) -> int:
             return main() or 0
     except USER_ERRORS as err:
         code, message = 2, str(err)
-    except (NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory) as err:
+    except (NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, ModelRunError) as err:
         code, message = 1, str(err)
     except OSError as err:
         code, message = 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)

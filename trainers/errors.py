@@ -27,6 +27,7 @@ __all__ = [
     "IncompatibleModelError",
     "ModelConfigError",
     "NonFiniteLossError",
+    "ModelRunError",
     "RunBusyError",
     "RunInterrupted",
     "RunTerminated",
@@ -57,6 +58,10 @@ class IncompatibleModelError(Exception):
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or Inf; training stopped, the last good checkpoint is kept."""
+
+
+class ModelRunError(RuntimeError):
+    """A user's model (``--model FILE.py:NAME``) raised during training; says at which step and what was kept."""
 
 
 class DistributedError(RuntimeError):

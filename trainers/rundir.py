@@ -108,8 +108,11 @@ class RunDirectory:
 
     # ----------------------------------------------------------------- files
     def holds_run(self) -> bool:
-        """Whether an earlier run left its records here."""
-        return any((self.path / name).exists() for name in (CHECKPOINT, PREVIOUS, METRICS))
+        """Whether an earlier run left its records here (an empty metrics.jsonl, left by a run that failed before
+        logging anything, is not one: a plain rerun may start)."""
+        metrics = self.path / METRICS
+        return any((self.path / name).exists() for name in (CHECKPOINT, PREVIOUS)) or (
+            metrics.exists() and (not metrics.is_file() or metrics.stat().st_size > 0))
 
     def clear(self) -> None:
         """Remove an earlier run's files (a fresh start): checkpoints, metrics, results, event files."""

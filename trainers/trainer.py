@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
+from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
 from trainers.agreement import gradient_agreement
 from trainers.checkpoint import write_text_atomic
@@ -48,6 +49,7 @@ from trainers.errors import (
     USER_ERRORS,
     ConfigError,
     DistributedError,
+    ModelRunError,
     NonFiniteLossError,
     RunInterrupted,
     RunOutOfMemory,
@@ -70,24 +72,45 @@ from trainers.rundir import RunDirectory, note, run_path
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
 
 EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
+# errors the framework raises with their own one-line message (never rewritten as a user model's failure)
+NAMED_ERRORS = (*USER_ERRORS, NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, OSError)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
-    """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs."""
+    """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
+    and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
     x = _to_device(task.train.inputs[:2], device, dtype)
     was_training = model.training
-    model.eval()
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
-        with torch.no_grad():
-            y = model(x)
-    except (RuntimeError, IndexError) as err:  # shape mismatch, or token ids outside an embedding
-        reason = str(err).strip().splitlines()[0]
-        raise ConfigError(
-            f"model does not accept the inputs of task '{task.name}' (per-sample shape "
-            f"{tuple(task.input_shape)}, {task.in_features} features): {reason}"
-        ) from None
+        for mode in (False, True):
+            model.train(mode)
+            try:
+                with torch.no_grad():
+                    y = model(x)
+            except (RuntimeError, IndexError) as err:  # shape mismatch, or token ids outside an embedding
+                raise ConfigError(
+                    f"model does not accept the inputs of task '{task.name}' (per-sample shape "
+                    f"{tuple(task.input_shape)}, {task.in_features} features)"
+                    f"{' in training mode' if mode else ''}: {str(err).strip().splitlines()[0]}"
+                ) from None
+            except Exception as err:  # anything a user's forward raises
+                raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
+                                  f"task '{task.name}': {_one_line(err)}") from None
+            if not isinstance(y, torch.Tensor):
+                raise ConfigError(f"model's forward returns a {type(y).__name__}, not a tensor of outputs; the "
+                                  f"engines read one tensor (wrap the model so that forward returns its outputs)")
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
     expected = tuple(task.expected_output_shape)
     if tuple(y.shape[1:]) != expected:
         classes = f" ({task.num_outputs} classes)" if len(expected) == 1 else ""
@@ -171,9 +194,14 @@ class Trainer:
         self.run_dir = run_path(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
         self.files = RunDirectory(self.run_dir) if self.run_dir is not None else None  # lock, checkpoints
         self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
+        # a model the command line imported from the user's code: its failures are reported in one line
+        self._user_model = is_reference(str(self.meta.get("name", "")))
         self.settings = settings or dict(SHARED_SETTINGS)
         self.overwrite = overwrite
         self.params = [p for _, p in trainable_parameters(model)]
+        if not self.params:
+            raise ConfigError(f"{type(model).__name__} has no trainable parameter (none at all, or every one has "
+                              f"requires_grad=False): there is nothing to train")
         methods = {orthogonal_method(m) for m in model.modules()} - {None}
         self.has_orthogonal = bool(methods)
         self.needs_projection = bool(methods & set(PROJECTED_METHODS))
@@ -452,6 +480,9 @@ class Trainer:
                 what = "terminated (SIGTERM)" if stopped is RunTerminated else "interrupted"
                 raise stopped(f"{what} at step {self.step}, {self._kept()}; {spell('resume')} continues the "
                               f"run") from None
+            if self._user_model and isinstance(err, Exception) and not isinstance(err, NAMED_ERRORS):
+                raise ModelRunError(f"model '{self.meta.get('name')}' failed at step {self.step}: {_one_line(err)}; "
+                                    f"{self._kept()}") from None
             if isinstance(err, NonFiniteLossError) and logger and self.files:  # rank 0, still holding the lock
                 self.files.record_failure({"run": self.run_name, "trainer": self.engine.name, "seed": cfg.seed,
                                            "step": self.step, "error": str(err)})
