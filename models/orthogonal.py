@@ -73,6 +73,7 @@ METHODS = ("expm", "cayley", "bjorck", "polar", "retraction")
 PARAMETRIZED_METHODS = ("expm", "cayley")
 PROJECTED_METHODS = ("bjorck", "polar")
 RETRACTED_METHODS = ("retraction",)
+MAX_BJORCK_ITERS = 100  # iterations per projection that a setting may ask for
 
 _MARK = "_orthogonal_projection"  # attribute holding the Projection marker
 _TRIVS = {"expm": torch.linalg.matrix_exp, "cayley": cayley_map}
@@ -237,8 +238,9 @@ def make_orthogonal(module: nn.Module, method: str | None, *, iters: int = 3) ->
         raise ModelConfigError(
             f"unknown orthogonal method {method!r}; expected one of None, {', '.join(map(repr, METHODS))}"
         )
-    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 1:
-        raise ModelConfigError(f"orthogonal iters must be an int >= 1, got {iters!r}")
+    if not isinstance(iters, int) or isinstance(iters, bool) or not 1 <= iters <= MAX_BJORCK_ITERS:
+        raise ModelConfigError(f"orthogonal iters must be an int from 1 to {MAX_BJORCK_ITERS}, got {iters!r} (from "
+                               f"a near-orthogonal weight Björck converges in 3-6; more is only time)")
     if method is None:
         return module
 

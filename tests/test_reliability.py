@@ -267,7 +267,8 @@ def test_ctrl_c_while_the_framework_loads_is_one_line():
 
 
 USER_MODELS = {
-    "returns a tuple": ("def forward(self, x):\n        return self.linear(x), None", 2, "returns a tuple, not a tensor"),
+    "returns a tuple": ("def forward(self, x):\n        return self.linear(x), None", 2,
+                        "returns a tuple, not a tensor"),
     "raises": ("def forward(self, x):\n        raise ValueError('bad forward')", 2, "ValueError: bad forward"),
     "fails in training mode": ("def forward(self, x):\n        if self.training:\n            raise KeyError('tr')\n"
                                "        return self.linear(x)", 2, "failed in training mode"),
@@ -302,3 +303,40 @@ def test_a_model_file_that_exits_on_import_is_an_error_not_a_quiet_success(tmp_p
     assert train_main(["--model", f"{tmp_path / 'quits.py'}:Net", "--steps", "1", "--progress", "false",
                        "--logdir", str(tmp_path / "runs")]) == 2
     assert "it called sys.exit(0)" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--run-name", "."], "--run-name must be a relative path"),
+    (["--experiment", "."], "--experiment must be a relative path"),
+    (["--experiment", "a/."], "--experiment must be a relative path"),
+    (["--run-name", "bad\udcff"], "--run-name must be UTF-8 text"),
+    (["--orthogonal", "bjorck", "--orthogonal-iters", "1000000000"], "orthogonal iters must be an int from 1 to 100"),
+])
+def test_names_and_sizes_that_would_fail_later_are_refused_first(tmp_path, capsys, flags, expected):
+    assert train_main([*QUICK, *flags, "--logdir", str(tmp_path / "runs")]) == 2
+    assert expected in one_line_error(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bench_refuses_an_unwritable_out_before_timing(tmp_path, capsys, monkeypatch):
+    """A read-only --out (simulated: the suite may run as root, who writes anywhere) fails in one line before
+    any timing, not after the benchmark."""
+    import errno
+
+    import trainers.bench
+    from trainers.cli import bench_main
+
+    def read_only(dir, **_):
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+
+    monkeypatch.setattr("trainers.cli.tempfile.NamedTemporaryFile", read_only)
+    monkeypatch.setattr(trainers.bench, "bench_scan", lambda **_: pytest.fail("timed before checking --out"))
+    assert bench_main(["--suite", "scan", "--lengths", "8", "--steps", "20", "--out", str(tmp_path / "o")]) == 2
+    assert "Permission denied" in one_line_error(capsys)
+
+
+def test_a_comparison_prints_no_profiler_lines(tmp_path, capfd):
+    assert compare_main([*QUICK, "--trainers", "backprop,fa", "--seeds", "0", "--timing-rounds", "5",
+                         "--logdir", str(tmp_path)]) == 0
+    err = capfd.readouterr().err
+    assert "profiler" not in err and "USDT" not in err and "CPUAllocator" not in err

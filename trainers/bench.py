@@ -46,9 +46,11 @@ includes the ``grad_bytes_mb`` of the gradients it writes: activations are
 the rest, and dominate when the batch is large against the width).
 """
 
+import contextlib
 import copy
 import functools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -119,6 +121,22 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """File descriptor 2 sent to /dev/null for the block: the torch profiler's C++ side prints its start and stop
+    (``USDT: ... profiler_start``) and allocator warnings there, two to three lines per measured step, which are
+    not the user's business."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_step_memory_mb(step, device: torch.device) -> float:
     """Peak extra memory of one call of ``step()`` in MiB (see module docstring)."""
     _sync(device)
@@ -128,7 +146,7 @@ def peak_step_memory_mb(step, device: torch.device) -> float:
         step()
         _sync(device)
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     live = peak = 0
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):

@@ -17,6 +17,7 @@ import json
 import math
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -582,6 +583,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
             raise ConfigError(f"--dropout must be in [0, 1), got {args.dropout}")
         check_device(args.device)
         Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the timing
+        with tempfile.NamedTemporaryFile(dir=args.out):  # a read-only --out too
+            pass
         engine_names = _trainer_specs(args.trainers) if args.trainers else _mlp_trainers()
         recurrent_names = _trainer_specs(args.trainers or "backprop;ftbptt;dsf;bptt_loop")
         residual_names = _trainer_specs(args.trainers or ";".join(

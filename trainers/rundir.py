@@ -58,10 +58,16 @@ def note(message: str) -> None:
 def run_path(logdir, experiment: str, run_name: str, seed: int) -> Path:
     """``<logdir>/<experiment>/<run_name>/seed<seed>``; names are relative paths that stay inside ``logdir``."""
     for what, name in (("experiment", experiment), ("run_name", run_name)):
-        parts = Path(name).parts
-        if not name or Path(name).is_absolute() or any(p in ("..", ".") for p in parts) or "\0" in name:
+        parts = Path(name).parts  # "." and "a/." lose their "." here: a name must keep a part of its own
+        if not name or not parts or Path(name).is_absolute() or any(p in ("..", ".") for p in name.split("/")) \
+                or "\0" in name:
             raise ConfigError(f"{spell(what)} must be a relative path inside the log directory without '.' or "
                               f"'..' parts, got {name!r}")
+    for what, name in (("logdir", str(logdir)), ("experiment", experiment), ("run_name", run_name)):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # TensorBoard writes names as UTF-8 and would fail mid-run
+            raise ConfigError(f"{spell(what)} must be UTF-8 text, got {name!r}") from None
     return Path(logdir) / experiment / run_name / f"seed{seed}"
 
 
