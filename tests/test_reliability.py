@@ -124,24 +124,31 @@ DAMAGED = {
 }
 
 
-@pytest.mark.parametrize("damage", list(DAMAGED))
-def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys, damage):
+def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys):
+    """Each kind of damage in its own run folder, beside a good comparison: every file is named once per
+    command, the good runs are reported by compare.py, train.py (its HParams configuration) and table.py."""
     from trainers.cli import table_main
 
-    planted = tmp_path / "compare-digits" / "planted" / "seed0"
-    planted.mkdir(parents=True)
-    (planted / "result.json").write_bytes(DAMAGED[damage])
-    (planted / "failed.json").write_bytes(DAMAGED[damage])
+    planted = {}
+    for i, damage in enumerate(DAMAGED):
+        folder = tmp_path / "compare-digits" / f"planted{i}" / "seed0"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_bytes(DAMAGED[damage])
+        (folder / "failed.json").write_bytes(DAMAGED[damage])
+        planted[damage] = folder
     assert compare_main([*QUICK, "--trainers", "backprop", "--seeds", "0", "--timing-rounds", "5",
                          "--logdir", str(tmp_path)]) == 0
     err = capsys.readouterr().err
-    assert err.count(f"{planted / 'result.json'} is damaged") == 1 and f"{planted / 'failed.json'} is damaged" in err
+    for damage, folder in planted.items():
+        assert err.count(f"{folder / 'result.json'} is damaged") == 1, damage
+        assert f"{folder / 'failed.json'} is damaged" in err, damage
     summary = (tmp_path / "compare-digits" / "summary.md").read_text()
     assert "| backprop | 1 |" in summary and "planted" not in summary
     assert train_main([*QUICK, "--logdir", str(tmp_path), "--experiment", "compare-digits", "--run-name", "solo"]) == 0
     assert table_main([str(tmp_path)]) == 0
     out, err = capsys.readouterr()
-    assert "| compare-digits |" in out and "backprop" in out and "is damaged" in err
+    assert "| compare-digits |" in out and "backprop" in out and "solo" in out
+    assert all(f"{folder / 'result.json'} is damaged" in err for folder in planted.values())
 
 
 def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsys):
