@@ -31,6 +31,8 @@ def hidden_widths(depth: int, width: int | Sequence[int]) -> list[int]:
     """The ``depth - 1`` hidden widths from an int or an explicit list."""
     if not isinstance(depth, int) or depth < 1:
         raise ModelConfigError(f"depth must be an integer >= 1, got {depth!r}")
+    if isinstance(width, (str, bytes, bool)):  # a string would be read as a list of its characters
+        raise ModelConfigError(f"width must be an integer or a list of integers, got {width!r}")
     widths = [width] * (depth - 1) if isinstance(width, int) else list(width)
     if len(widths) != depth - 1:
         raise ModelConfigError(

@@ -57,4 +57,17 @@ def build(name: str, **options: Any) -> nn.Module:
         raise ModelConfigError(
             f"model '{name}' has no option {', '.join(unknown)}; accepted: {', '.join(accepted)}"
         )
-    return cls(**options)
+    try:
+        return cls(**options)
+    except (MemoryError, RuntimeError) as err:
+        if not _allocation_failed(err):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "MemoryError"
+        raise ModelConfigError(f"model '{name}' with {options}: out of memory ({first}); ask for a smaller "
+                               f"model") from None
+
+
+def _allocation_failed(err: BaseException) -> bool:
+    """Whether ``err`` is a failed allocation (torch's CPU or CUDA allocator, or Python's)."""
+    text = str(err).lower()
+    return isinstance(err, MemoryError) or "alloc" in text or "out of memory" in text

@@ -89,9 +89,18 @@ def residual_stack(model: nn.Module, *, stem: Callable, blocks: Sequence, head: 
     if example is not None:
         was_training = model.training
         model.eval()  # no dropout noise in the comparison
-        with torch.no_grad():
-            mine, theirs = view(example), model(example)
-        model.train(was_training)
+        try:
+            with torch.no_grad():
+                mine, theirs = view(example), model(example)
+        except Exception as err:  # an example of the wrong kind or shape
+            text = str(err).strip().splitlines()
+            raise ModelConfigError(f"residual_stack: the example does not run through the model or its declaration "
+                                   f"({type(err).__name__}: {text[0] if text else ''})") from None
+        finally:
+            model.train(was_training)
+        if not isinstance(theirs, torch.Tensor):
+            raise ModelConfigError(f"residual_stack: the model's forward returns a {type(theirs).__name__}, not a "
+                                   f"tensor; the declaration is checked against one output tensor")
         if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
             gap = (mine - theirs).abs().max().item() if mine.shape == theirs.shape else "shapes differ"
             raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on "

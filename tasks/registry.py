@@ -71,7 +71,15 @@ def build(name: str, **options: Any) -> Task:
             f"for task '{name}'; accepted: {', '.join(accepted)}"
         )
     _check_common(name, options)
-    task = builder(**options)
+    try:
+        task = builder(**options)
+    except (MemoryError, RuntimeError) as err:
+        text = str(err).lower()
+        if not (isinstance(err, MemoryError) or "alloc" in text or "out of memory" in text):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "MemoryError"
+        raise TaskConfigError(f"task '{name}' with {options}: out of memory ({first}); ask for fewer "
+                              f"samples") from None
     if not isinstance(task, Task):
         raise TypeError(f"task builder '{name}' returned {type(task).__name__}, not Task")
     return task

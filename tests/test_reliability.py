@@ -347,3 +347,49 @@ def test_a_comparison_prints_no_profiler_lines(tmp_path, capfd):
                          "--logdir", str(tmp_path)]) == 0
     err = capfd.readouterr().err
     assert "profiler" not in err and "USDT" not in err and "CPUAllocator" not in err
+
+
+def test_the_python_api_raises_the_projects_named_errors():
+    import torch
+
+    import models
+    import tasks
+    import trainers
+    from models.errors import ModelConfigError
+    from tasks.base import cross_entropy_loss
+    from tasks.errors import TaskConfigError
+    from trainers.errors import ConfigError, IncompatibleModelError
+
+    task = tasks.build("teacher", in_features=8, num_classes=3, n_train=32, n_val=16, n_test=16, hidden=8)
+    model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
+    with pytest.raises(ConfigError, match="engine must be a GradientEngine .*got str 'backprop'"):
+        trainers.Trainer(model, "backprop", task)
+    with pytest.raises(ConfigError, match="task must be a tasks.Task .*got str 'teacher'"):
+        trainers.Trainer(model, trainers.build_engine("backprop"), "teacher")
+    with pytest.raises(ConfigError, match="model must be a torch.nn.Module, got function"):
+        trainers.Trainer(lambda x: x, trainers.build_engine("backprop"), task)
+    residual = models.build("residual_mlp", in_features=8, out_features=3, depth=2, width=8)
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
+    for name in ("foton", "fa", "pepita"):  # each engine checks a model it has not seen before computing
+        with pytest.raises(IncompatibleModelError, match=name):
+            trainers.build_engine(name).compute_grads(residual, x, y, cross_entropy_loss)
+    with pytest.raises(ModelConfigError, match="width must be an integer or a list of integers, got 'abc'"):
+        models.build("mlp", in_features=8, out_features=3, width="abc")
+    with pytest.raises(ModelConfigError, match="out of memory"):
+        models.build("mlp", in_features=64, out_features=10, width=10**12)
+    with pytest.raises(TaskConfigError, match="out of memory"):
+        tasks.build("teacher", n_train=10**15)
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.f, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.stem(x)
+            return self.head(h + self.f(h))
+
+    mine = Residual()
+    models.residual_stack(mine, stem=mine.stem, blocks=[mine.f], head=mine.head, example=torch.randn(4, 8))
+    with pytest.raises(ModelConfigError, match="the example does not run through the model"):
+        models.residual_stack(mine, stem=mine.stem, blocks=[mine.f], head=mine.head, example=torch.randn(4, 5))

@@ -22,6 +22,8 @@ An engine is one file: a subclass of ``GradientEngine`` with a nested
 """
 
 import dataclasses
+import functools
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -54,10 +56,29 @@ def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | N
         p.grad = torch.zeros_like(p) if g is None else g.detach() if g.requires_grad else g
 
 
+def _checked_first(compute_grads):
+    """``compute_grads`` that runs ``self.check(model)`` the first time it sees ``model`` (an engine given a model
+    it cannot train says so in one line, instead of failing inside its arithmetic)."""
+    @functools.wraps(compute_grads)
+    def wrapper(self, model, *args, **kwargs):
+        checked = self.__dict__.setdefault("_checked_models", weakref.WeakSet())
+        if model not in checked:
+            self.check(model)
+            checked.add(model)
+        return compute_grads(self, model, *args, **kwargs)
+    return wrapper
+
+
 class GradientEngine:
-    """Base class of all engines (see the module docstring for the contract)."""
+    """Base class of all engines (see the module docstring for the contract). Every subclass's
+    ``compute_grads`` runs ``check`` on a model it has not seen before."""
 
     name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "compute_grads" in vars(cls):
+            cls.compute_grads = _checked_first(vars(cls)["compute_grads"])  # type: ignore[method-assign]
 
     @dataclasses.dataclass
     class Options:

@@ -175,6 +175,11 @@ class Trainer:
                  logdir=None, experiment: str = "default", run_name: str | None = None,
                  overwrite: bool = False, meta: dict | None = None, settings: dict | None = None, clock=time.monotonic,
                  evaluate_test: bool = True, timing: dict | None = None, **overrides):
+        for name, value, kind, how in (("model", model, nn.Module, "a torch.nn.Module"),
+                                        ("engine", engine, GradientEngine, "a GradientEngine (trainers.build_engine)"),
+                                        ("task", task, Task, "a tasks.Task (tasks.build)")):
+            if not isinstance(value, kind):
+                raise ConfigError(f"Trainer's {name} must be {how}, got {type(value).__name__} {value!r:.60}")
         cfg = config or TrainConfig()
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})
