@@ -393,3 +393,27 @@ def test_the_python_api_raises_the_projects_named_errors():
     models.residual_stack(mine, stem=mine.stem, blocks=[mine.f], head=mine.head, example=torch.randn(4, 8))
     with pytest.raises(ModelConfigError, match="the example does not run through the model"):
         models.residual_stack(mine, stem=mine.stem, blocks=[mine.f], head=mine.head, example=torch.randn(4, 5))
+
+
+def test_an_error_line_is_written_whole(monkeypatch):
+    """Ranks of a torchrun job fail at the same moment: each line must reach stderr in one write, or two
+    ranks' lines run together (seen with --lr nan on 2 ranks)."""
+    import io
+
+    from trainers.cli import run_cli
+    from trainers.errors import ConfigError
+
+    writes = []
+
+    class Recorder(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr("sys.stderr", Recorder())
+
+    def main():
+        raise ConfigError("--lr must be finite, got nan")
+
+    assert run_cli(main) == 2
+    assert writes == ["error: --lr must be finite, got nan\n"]

@@ -325,7 +325,10 @@ def _run_reporting(main) -> int:
         code, message = 2, f"{out_of_memory(err)}; lower the sizes asked for (batch, model, --task-option)"
     here = DataParallel()
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
-    print(f"error: {prefix}{message}", file=sys.stderr)
+    # one write of the whole line: the ranks of a torchrun job print at the same moment, and a print's separate
+    # write of its newline let two ranks' lines run together
+    sys.stderr.write(f"error: {prefix}{message}\n")
+    sys.stderr.flush()
     return code
 
 

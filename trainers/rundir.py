@@ -52,7 +52,8 @@ CHANGEABLE = ("lr", "momentum", "nesterov", "weight_decay", "clip_grad_norm", "w
 
 def note(message: str) -> None:
     """A one-line note on stderr (what the run did instead of what was asked, and why)."""
-    print(f"note: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"note: {message}\n")  # one write: lines of concurrent ranks never run together
+    sys.stderr.flush()
 
 
 def run_path(logdir, experiment: str, run_name: str, seed: int) -> Path:
