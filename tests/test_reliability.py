@@ -417,3 +417,17 @@ def test_an_error_line_is_written_whole(monkeypatch):
 
     assert run_cli(main) == 2
     assert writes == ["error: --lr must be finite, got nan\n"]
+
+
+def test_an_idx_file_of_no_images_is_refused_when_the_task_is_built(tmp_path):
+    import struct
+
+    import tasks
+    from tasks.errors import DataError, TaskConfigError
+
+    folder = tmp_path / "mnist-t10k"
+    folder.mkdir()
+    (folder / "t10k-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 0x803, 0, 28, 28))
+    (folder / "t10k-labels-idx1-ubyte").write_bytes(struct.pack(">II", 0x801, 0))
+    with pytest.raises((TaskConfigError, DataError), match="empty|no image|0 images"):
+        tasks.build("mnist-t10k", data_dir=str(tmp_path))
