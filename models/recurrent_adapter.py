@@ -38,7 +38,8 @@ _NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
 def _check(name: str, module: nn.RNNBase) -> None:
     problem = ("is bidirectional" if module.bidirectional else
-               "has dropout between its layers (set dropout=0 and apply it in your model)" if module.dropout else
+               "has dropout between its layers (set dropout=0 and apply it in your model)"
+               if module.dropout and module.num_layers > 1 else  # one layer: torch ignores it (and warns)
                "projects its hidden state (proj_size)" if getattr(module, "proj_size", 0) else
                "uses ReLU (only tanh RNNs have a view)" if isinstance(module, nn.RNN) and module.nonlinearity != "tanh"
                else None)

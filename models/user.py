@@ -54,6 +54,9 @@ def _import_file(path: Path):
         raise ModelConfigError(f"model file {path} cannot be imported (not a Python file)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # its own folder importable, as for a script: `from nanogpt import GPT` beside it
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:  # a module that calls sys.exit() on import must not end the run quietly

@@ -168,3 +168,35 @@ def test_the_command_line_wraps_a_users_recurrent_model_for_dsf(tmp_path, capsys
     assert train_main([*bidirectional, "--logdir", str(tmp_path / "c")]) == 0  # backprop needs no structure
     assert train_main([*bidirectional, "--trainer", "dsf", "--logdir", str(tmp_path / "d")]) == 2
     assert "trainer 'dsf' needs a model with recurrent layers" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last recurrent layer")
+def test_the_command_line_says_why_a_recurrent_model_was_refused(tmp_path, capsys):
+    """Dropout between two GRU layers cannot be wrapped: --trainer dsf says so, not only that the model 'is
+    not one'; a one-layer GRU with dropout (which torch ignores) is accepted."""
+    from trainers.cli import train_main
+
+    source = ("import torch\nfrom torch import nn\n\n\nclass LM(nn.Module):\n"
+              "    def __init__(self, layers=2, out_features=10):\n        super().__init__()\n"
+              "        self.embed = nn.Embedding(16, 8)\n"
+              "        self.rnn = nn.GRU(8, 8, num_layers=layers, dropout=0.5, batch_first=True)\n"
+              "        self.head = nn.Linear(8, out_features)\n\n"
+              "    def forward(self, x):\n        return self.head(self.rnn(self.embed(x))[0])\n")
+    (tmp_path / "lm.py").write_text(source)
+    flags = ["--trainer", "dsf", "--task", "copy", "--task-option", "length=3", "--task-option", "delay=2",
+             "--steps", "2", "--progress", "false", "--logdir", str(tmp_path / "runs")]
+    assert train_main([*flags, "--model", f"{tmp_path / 'lm.py'}:LM"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has dropout between its layers" in err, err
+    assert train_main([*flags, "--model", f"{tmp_path / 'lm.py'}:LM", "--model-option", "layers=1"]) == 0
+
+
+def test_a_model_file_imports_a_module_beside_it(tmp_path, capsys):
+    from trainers.cli import train_main
+
+    (tmp_path / "helper_net_mod.py").write_text(
+        "from torch import nn\n\n\nclass Net(nn.Sequential):\n    def __init__(self):\n"
+        "        super().__init__(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))\n")
+    (tmp_path / "entry.py").write_text("from helper_net_mod import Net  # beside this file, no PYTHONPATH\n")
+    assert train_main(["--model", f"{tmp_path / 'entry.py'}:Net", "--steps", "2", "--progress", "false",
+                       "--logdir", str(tmp_path / "runs")]) == 0, capsys.readouterr().err

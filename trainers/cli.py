@@ -269,8 +269,8 @@ def auto_wrap_recurrent(model) -> None:
     if "recurrent_layers" not in vars(model) and any(type(m) in (nn.GRU, nn.LSTM, nn.RNN) for m in model.modules()):
         try:
             models.wrap_recurrent(model)
-        except models.ModelConfigError:
-            pass
+        except models.ModelConfigError as err:
+            model.recurrent_refusal = str(err)  # what the recurrent trainers' refusal then says
 
 
 def join_job(args) -> DataParallel:

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from trainers.errors import IncompatibleModelError
 
-__all__ = ["LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards"]
+__all__ = ["refusal", "LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards"]
 
 
 @runtime_checkable
@@ -71,8 +71,16 @@ def require(model: nn.Module, protocol: type, engine: str, need: str, zoo: str) 
     """Raise ``IncompatibleModelError`` unless ``model`` satisfies ``protocol``."""
     if not isinstance(model, protocol):
         raise IncompatibleModelError(
-            f"trainer '{engine}' needs {need}; {type(model).__name__} is not one (zoo models that qualify: {zoo})"
+            f"trainer '{engine}' needs {need}; {type(model).__name__} is not one{refusal(model)} (zoo models that "
+            f"qualify: {zoo})"
         )
+
+
+def refusal(model: nn.Module) -> str:
+    """`` (why)`` when the command line could not wrap the model's nn.GRU/LSTM/RNN modules
+    (``trainers.cli.auto_wrap_recurrent`` keeps the reason), else empty: refusals say the real reason."""
+    reason = getattr(model, "recurrent_refusal", None)
+    return f" ({reason})" if reason else ""
 
 
 class RecurrentModel(Protocol):

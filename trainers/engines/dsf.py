@@ -53,7 +53,7 @@ from trainers.distributed import mean_over_ranks
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
-from trainers.protocols import RecurrentLayer, recurrent_forwards
+from trainers.protocols import RecurrentLayer, recurrent_forwards, refusal
 from trainers.registry import register_engine
 
 __all__ = ["TimeParallel", "FTBPTT", "DSF"]
@@ -69,7 +69,8 @@ class TimeParallel(GradientEngine):
         if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
             raise IncompatibleModelError(
                 f"trainer '{self.name}' needs a model with recurrent layers (an nn.ModuleList "
-                f"'recurrent_layers'); {type(model).__name__} has none (zoo models that qualify: {_ZOO})")
+                f"'recurrent_layers'); {type(model).__name__} has none{refusal(model)} (zoo models that qualify: "
+                f"{_ZOO})")
         for layer in layers:
             if not isinstance(layer, RecurrentLayer):
                 raise IncompatibleModelError(

@@ -60,7 +60,7 @@ from trainers.distributed import DataParallel
 from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.errors import ConfigError, IncompatibleModelError
 from trainers.options import option
-from trainers.protocols import RecurrentLayer, ResidualStack, recurrent_forwards
+from trainers.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
 from trainers.registry import register_engine
 
 __all__ = ["Highway", "highway_iterations"]
@@ -289,7 +289,7 @@ class Highway(GradientEngine):
             return
         raise IncompatibleModelError(
             f"trainer 'highway' needs a residual stack (stem, blocks with branch/combine, head) or recurrent "
-            f"layers; {type(model).__name__} is neither (zoo models that qualify: {_ZOO})")
+            f"layers; {type(model).__name__} is neither{refusal(model)} (zoo models that qualify: {_ZOO})")
 
     def _iterate(self, e, carry, back, dim):
         w, used, rel = highway_iterations(e, carry, back, k=self.options.k, tol=self.options.tol,
