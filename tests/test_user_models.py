@@ -299,3 +299,17 @@ def test_the_user_bench_times_every_engine_on_user_and_zoo_models():
         ("tanh", "backprop"), ("tanh", "foton"), ("tanh", "pepita"), ("tanh", "fa"), ("tanh", "dfa")]
     assert all(r["user_ms"] > 0 and r["zoo_ms"] > 0 and r["user_over_zoo"] > 0 for r in rows)
     assert all(r["user_ratio_to_backprop"] == 1 for r in rows if r["trainer"] == "backprop")
+
+
+def test_a_users_model_is_built_once_per_run(tmp_path, capsys):
+    """nanoGPT prints its parameter count in its constructor: once per run, not once more for the memory
+    estimate."""
+    from trainers.cli import train_main
+
+    (tmp_path / "talkative.py").write_text(
+        "from torch import nn\n\n\nclass Net(nn.Sequential):\n    def __init__(self):\n"
+        "        super().__init__(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))\n"
+        "        print('number of parameters: 1210')\n")
+    assert train_main(["--model", f"{tmp_path / 'talkative.py'}:Net", "--steps", "2", "--progress", "false",
+                       "--logdir", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.count("number of parameters") == 1

@@ -238,16 +238,22 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     for key, value in (("in_features", task.in_features), ("out_features", task.num_outputs)):
         if key not in model_options and models.takes_option(args.model, key):  # the task's sizes, if it takes them
             model_options[key] = value
+    user = models.user.is_reference(args.model)
     # geotorch's parametrizations cannot initialise on the meta device; the plain layer has their parameter count
     estimate_options = {**model_options, "orthogonal": None} if model_options.get("orthogonal") in ("expm", "cayley") \
         else model_options
-    check_fits(lambda: models.build(args.model, **estimate_options), task.train.inputs[:1],
-               batch_size=min(cfg.batch_size, len(task.train)), optimizer=cfg.optimizer, momentum=cfg.momentum,
-               dtype=getattr(torch, cfg.dtype), device=torch.device(local_device(cfg.device)),
-               depth=model_options.get("depth"))
+
+    def fits(build) -> None:
+        check_fits(build, task.train.inputs[:1], batch_size=min(cfg.batch_size, len(task.train)),
+                   optimizer=cfg.optimizer, momentum=cfg.momentum, dtype=getattr(torch, cfg.dtype),
+                   device=torch.device(local_device(cfg.device)), depth=model_options.get("depth"))
+
+    if not user:  # a zoo model is estimated on the meta device before anything is allocated
+        fits(lambda: models.build(args.model, **estimate_options))
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     model = models.build(args.model, **model_options)
-    if models.user.is_reference(args.model):
+    if user:  # a user's constructor runs once (it may print, count, download): the estimate reads the built model
+        fits(lambda: model)
         auto_wrap_recurrent(model)
     record = _settings_record(settings, recipe, given, set(values))
     if tuned:
