@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualSublayer", "ResidualView", "residual_stack"]
 
@@ -93,9 +93,8 @@ def residual_stack(model: nn.Module, *, stem: Callable, blocks: Sequence, head: 
             with torch.no_grad():
                 mine, theirs = view(example), model(example)
         except Exception as err:  # an example of the wrong kind or shape
-            text = str(err).strip().splitlines()
             raise ModelConfigError(f"residual_stack: the example does not run through the model or its declaration "
-                                   f"({type(err).__name__}: {text[0] if text else ''})") from None
+                                   f"({one_line(err)})") from None
         finally:
             model.train(was_training)
         if not isinstance(theirs, torch.Tensor):

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, one_line
 
 __all__ = ["is_reference", "load_reference", "build_reference", "accepts"]
 
@@ -34,13 +34,6 @@ __all__ = ["is_reference", "load_reference", "build_reference", "accepts"]
 def is_reference(name: str) -> bool:
     """Whether ``name`` names a user's model (``file.py:Name`` or ``module:name``), not a zoo model."""
     return ":" in name
-
-
-def _one_line(err: BaseException) -> str:
-    if isinstance(err, SystemExit):
-        return f"it called sys.exit({err.code!r})"
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def _import_file(path: Path):
@@ -61,7 +54,7 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:  # a module that calls sys.exit() on import must not end the run quietly
         del sys.modules[name]
-        raise ModelConfigError(f"model file {path} failed to import: {_one_line(err)}") from None
+        raise ModelConfigError(f"model file {path} failed to import: {one_line(err)}") from None
     return module
 
 
@@ -76,7 +69,7 @@ def load_reference(reference: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(where)
         except (Exception, SystemExit) as err:
-            raise ModelConfigError(f"model module '{where}' cannot be imported: {_one_line(err)}") from None
+            raise ModelConfigError(f"model module '{where}' cannot be imported: {one_line(err)}") from None
     target = getattr(module, attr, None)
     if target is None or not callable(target):
         defined = sorted(n for n, v in vars(module).items()
@@ -109,7 +102,7 @@ def build_reference(reference: str, **options: Any) -> nn.Module:
     try:
         model = target(**options)
     except (Exception, SystemExit) as err:
-        raise ModelConfigError(f"model '{reference}' could not be built with {options}: {_one_line(err)}") from None
+        raise ModelConfigError(f"model '{reference}' could not be built with {options}: {one_line(err)}") from None
     if not isinstance(model, nn.Module):
         raise ModelConfigError(f"model '{reference}' returned a {type(model).__name__}, not a torch.nn.Module")
     return model

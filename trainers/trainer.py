@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.errors import one_line
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
 from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
@@ -76,11 +77,6 @@ EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every traine
 NAMED_ERRORS = (*USER_ERRORS, NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, OSError)
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
     and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
@@ -101,7 +97,7 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
                 ) from None
             except Exception as err:  # anything a user's forward raises
                 raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
-                                  f"task '{task.name}': {_one_line(err)}") from None
+                                  f"task '{task.name}': {one_line(err)}") from None
             if not isinstance(y, torch.Tensor):
                 raise ConfigError(f"model's forward returns a {type(y).__name__}, not a tensor of outputs; the "
                                   f"engines read one tensor (wrap the model so that forward returns its outputs)")
@@ -486,7 +482,7 @@ class Trainer:
                 raise stopped(f"{what} at step {self.step}, {self._kept()}; {spell('resume')} continues the "
                               f"run") from None
             if self._user_model and isinstance(err, Exception) and not isinstance(err, NAMED_ERRORS):
-                raise ModelRunError(f"model '{self.meta.get('name')}' failed at step {self.step}: {_one_line(err)}; "
+                raise ModelRunError(f"model '{self.meta.get('name')}' failed at step {self.step}: {one_line(err)}; "
                                     f"{self._kept()}") from None
             if isinstance(err, NonFiniteLossError) and logger and self.files:  # rank 0, still holding the lock
                 self.files.record_failure({"run": self.run_name, "trainer": self.engine.name, "seed": cfg.seed,
