@@ -5,6 +5,7 @@
 """
 
 from models import orthogonal
+from models.calling import ModelCall, call_model, declare_call
 from models.cnn import OrthoConvNet, OrthoLeNet
 from models.dropout import ConsistentDropout, frozen_masks
 from models.errors import ModelConfigError
@@ -54,4 +55,7 @@ __all__ = [
     "wrap_recurrent",
     "residual_stack",
     "ResidualView",
+    "ModelCall",
+    "call_model",
+    "declare_call",
 ]

@@ -17,8 +17,10 @@ of the user's modules (a nanoGPT Block is two of them: attention and MLP).
 ``branch = fn(norm(h)) + gamma h``, ``combine = (1 - gamma) h + branch``, the same
 function for any gamma. ``stem`` and ``head`` are callables on the user's modules.
 The view's Parameters are the user's objects (registered once, under ``model``);
-its forward is ``head(blocks(stem(x)))``, which must be the model's forward: give
-an ``example`` input and the declaration is checked on it (a mismatch is one line).
+its forward is ``head(blocks(stem(x)))``, which must be the model's output: give
+an ``example`` input, or ``(inputs, targets)`` for a forward that takes targets
+(nanoGPT's returns every position's logits only then), and the declaration is
+checked against the output ``models.call_model`` reads (a mismatch is one line).
 """
 
 from collections.abc import Callable, Sequence
@@ -26,6 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from models.calling import call_model
 from models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualSublayer", "ResidualView", "residual_stack"]
@@ -72,7 +75,7 @@ class ResidualView(nn.Module):
 
 
 def residual_stack(model: nn.Module, *, stem: Callable, blocks: Sequence, head: Callable, gamma: float = 0.0,
-                   example: torch.Tensor | None = None) -> ResidualView:
+                   example: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> ResidualView:
     """Declare ``model`` as a residual stack for Highway-BP (module docstring); returns the view."""
     sublayers = []
     for i, entry in enumerate(blocks):
@@ -87,19 +90,19 @@ def residual_stack(model: nn.Module, *, stem: Callable, blocks: Sequence, head: 
         raise ModelConfigError(f"residual_stack: gamma must be in [0, 1), got {gamma}")
     view = ResidualView(model, stem, sublayers, head)
     if example is not None:
+        inputs, targets = example if isinstance(example, tuple) else (example, None)
         was_training = model.training
         model.eval()  # no dropout noise in the comparison
         try:
             with torch.no_grad():
-                mine, theirs = view(example), model(example)
+                mine, theirs = view(inputs), call_model(model, inputs, targets).outputs
+        except ModelConfigError:
+            raise
         except Exception as err:  # an example of the wrong kind or shape
             raise ModelConfigError(f"residual_stack: the example does not run through the model or its declaration "
                                    f"({one_line(err)})") from None
         finally:
             model.train(was_training)
-        if not isinstance(theirs, torch.Tensor):
-            raise ModelConfigError(f"residual_stack: the model's forward returns a {type(theirs).__name__}, not a "
-                                   f"tensor; the declaration is checked against one output tensor")
         if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
             gap = (mine - theirs).abs().max().item() if mine.shape == theirs.shape else "shapes differ"
             raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on "

@@ -274,8 +274,9 @@ def test_ctrl_c_while_the_framework_loads_is_one_line():
 
 
 USER_MODELS = {
-    "returns a tuple": ("def forward(self, x):\n        return self.linear(x), None", 2,
-                        "returns a tuple, not a tensor"),
+    "returns no tensor first": ("def forward(self, x):\n        return None, self.linear(x)", 2,
+                                "returns a tuple whose first element is NoneType, not a tensor; say which part is "
+                                "the output: --model-call output="),
     "raises": ("def forward(self, x):\n        raise ValueError('bad forward')", 2, "ValueError: bad forward"),
     "fails in training mode": ("def forward(self, x):\n        if self.training:\n            raise KeyError('tr')\n"
                                "        return self.linear(x)", 2, "failed in training mode"),

@@ -141,6 +141,13 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the model's constructor, e.g. --model-option hidden=128 (repeatable; "
                              "Python literals, else strings)")
+    parser.add_argument("--model-call", dest="call", action="append", default=[], metavar="KEY=VALUE",
+                        help="how your model is called and read, where the defaults do not fit (repeatable): "
+                             "output=INDEX|KEY|ATTRIBUTE (default: the tensor, a tuple's first element, a dict's "
+                             "or object's logits), state=none|no|METHOD (default: model.init_hidden(B) when "
+                             "forward requires a second argument), targets=no|KEYWORD (default: a parameter named "
+                             "targets or labels), layout=batch_first|time_first, loss=task|model (the model's "
+                             "own loss where an engine needs only a loss); models/calling.py")
     parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
@@ -251,7 +258,10 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if not user:  # a zoo model is estimated on the meta device before anything is allocated
         fits(lambda: models.build(args.model, **estimate_options))
     seed_everything(cfg.seed)  # model initialization depends on the seed only
+    call = model_call_options(args.call)
     model = models.build(args.model, **model_options)
+    if call:
+        models.declare_call(model, **call)
     if user:  # a user's constructor runs once (it may print, count, download): the estimate reads the built model
         fits(lambda: model)
         auto_wrap_recurrent(model)
@@ -259,6 +269,17 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if tuned:
         record["tuned"] = tuned
     return Setup(engine, task, model, cfg, {"name": args.model, **model_options}, record)
+
+
+def model_call_options(items: list[str]) -> dict:
+    """``--model-call KEY=VALUE`` items as ``models.ModelCall`` fields; an unknown key is one line."""
+    call = parse_key_values(items, "--model-call")
+    unknown = sorted(set(call) - set(models.calling.CALL_KEYS))
+    if unknown:
+        raise ConfigError(f"--model-call has no key {unknown[0]!r}; keys: {', '.join(models.calling.CALL_KEYS)}")
+    call = {k: v if k == "output" and isinstance(v, int) else str(v) for k, v in call.items()}
+    models.ModelCall(**call)  # checked before anything is built
+    return call
 
 
 def other_trainer_flags(args, trainer: str) -> dict[str, dict]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from models.calling import call_model
 from trainers.errors import ConfigError
 
 __all__ = ["MAX_DEPTH", "estimate_bytes", "available_bytes", "check_fits"]
@@ -52,8 +53,8 @@ def estimate_bytes(build, sample: torch.Tensor, *, batch_size: int, optimizer: s
              for m in model.modules() if not list(m.children())]
     try:
         with torch.no_grad():
-            model(torch.empty(sample.shape, dtype=sample.dtype if not sample.is_floating_point() else dtype,
-                              device="meta"))
+            call_model(model, torch.empty(sample.shape, dtype=sample.dtype if not sample.is_floating_point() else dtype,
+                                          device="meta"))
         per_sample = sum(produced) // max(1, sample.shape[0])
     except Exception:  # a forward the meta device cannot run: parameters only
         per_sample = 0

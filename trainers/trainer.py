@@ -37,7 +37,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.errors import one_line
+from models.calling import call_model, model_call
+from models.calling import describe as describe_call
+from models.errors import ModelConfigError, one_line
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
 from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
@@ -81,6 +83,7 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
     and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
     x = _to_device(task.train.inputs[:2], device, dtype)
+    targets = task.train.targets[:2].to(device)
     was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
@@ -88,19 +91,18 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
             model.train(mode)
             try:
                 with torch.no_grad():
-                    y = model(x)
+                    y = call_model(model, x, targets).outputs
+            except ModelConfigError:  # the call or its return value, said in one line
+                raise
             except (RuntimeError, IndexError) as err:  # shape mismatch, or token ids outside an embedding
                 raise ConfigError(
                     f"model does not accept the inputs of task '{task.name}' (per-sample shape "
                     f"{tuple(task.input_shape)}, {task.in_features} features)"
-                    f"{' in training mode' if mode else ''}: {str(err).strip().splitlines()[0]}"
+                    f"{' in training mode' if mode else ''}: {str(err).strip().splitlines()[0]}{_called(model)}"
                 ) from None
             except Exception as err:  # anything a user's forward raises
                 raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
-                                  f"task '{task.name}': {one_line(err)}") from None
-            if not isinstance(y, torch.Tensor):
-                raise ConfigError(f"model's forward returns a {type(y).__name__}, not a tensor of outputs; the "
-                                  f"engines read one tensor (wrap the model so that forward returns its outputs)")
+                                  f"task '{task.name}': {one_line(err)}{_called(model)}") from None
     finally:
         model.train(was_training)
         with torch.no_grad():
@@ -113,6 +115,16 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
         raise ConfigError(
             f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' expects {expected}{classes}"
         )
+
+
+def _called(model) -> str:
+    """How the model was called, where that is more than ``model(inputs)`` (said in refusals)."""
+    how = describe_call(model)
+    if how == "model(inputs)" and not model_call(model).described():
+        return ""
+    layout = "" if model_call(model).layout == "time_first" else \
+        "; a model that reads (T, B) inputs needs --model-call layout=time_first"
+    return f" (called as {how}{layout})"
 
 
 def eval_subset(n: int, batches: int | None, batch_size: int) -> torch.Tensor | None:
@@ -195,6 +207,9 @@ class Trainer:
         self.run_dir = run_path(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
         self.files = RunDirectory(self.run_dir) if self.run_dir is not None else None  # lock, checkpoints
         self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
+        declared = model_call(model).described()
+        if declared:  # how it is called, where declared (models.declare_call, --model-call)
+            self.meta["call"] = ", ".join(f"{k}={v}" for k, v in declared.items())
         # a model the command line imported from the user's code: its failures are reported in one line
         self._user_model = is_reference(str(self.meta.get("name", "")))
         self.settings = settings or dict(SHARED_SETTINGS)
@@ -275,7 +290,7 @@ class Trainer:
             batch = rows[start:start + self.cfg.eval_batch_size]
             x = _to_device(data.inputs[batch], self.device, self.dtype)
             y = data.targets[batch].to(self.device)
-            out = self.model(x)
+            out = call_model(self.model, x, y).outputs
             n = float((y != IGNORE_INDEX).sum())
             total_loss += self.task.loss_fn(out, y).item() * n
             total_metric += float(self.task.metric(out, y)) * n

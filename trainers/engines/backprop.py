@@ -2,6 +2,8 @@
 
     g = dL/dtheta,   L = loss_fn(model(x), y)
 
+(or the model's own loss, declared with ``models.declare_call(model, loss="model")``).
+
 One forward with a graph, one ``torch.autograd.grad`` over the trainable
 parameters. Works on any ``nn.Module``. Writes ``p.grad`` (overwrite),
 zeros for parameters the loss does not reach.
@@ -9,6 +11,7 @@ zeros for parameters the loss does not reach.
 
 import torch
 
+from models.calling import forward_loss
 from trainers.engine import GradientEngine, StepOutput, write_grads
 from trainers.registry import register_engine
 
@@ -21,8 +24,7 @@ class Backprop(GradientEngine):
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         params = [p for p in model.parameters() if p.requires_grad]
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
+        outputs, loss = forward_loss(model, inputs, targets, loss_fn)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         write_grads(params, grads)
         return StepOutput(loss=loss.detach(), outputs=outputs.detach())

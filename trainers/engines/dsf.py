@@ -47,6 +47,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from models.calling import forward_loss
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
 from trainers.distributed import mean_over_ranks
@@ -124,8 +125,7 @@ class TimeParallel(GradientEngine):
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         params = [p for _, p in trainable_parameters(model)]
         with self.time_parallel(model):
-            outputs = model(inputs)
-            loss = loss_fn(outputs, targets)
+            outputs, loss = forward_loss(model, inputs, targets, loss_fn)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         write_grads(params, grads)
         self.after_step()

@@ -53,6 +53,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from models.calling import forward_loss
 from models.dropout import ConsistentDropout
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
@@ -308,8 +309,7 @@ class Highway(GradientEngine):
             grads = [by_param.get(id(p)) for p in params]
         else:
             with recurrent_forwards(model, self._time_layer):
-                outputs = model(inputs)
-                loss = loss_fn(outputs, targets)
+                outputs, loss = forward_loss(model, inputs, targets, loss_fn)
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
         write_grads(params, grads)
         return StepOutput(loss=loss.detach(), outputs=outputs.detach())

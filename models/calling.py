@@ -1,0 +1,264 @@
+"""How a model is called, and which part of what it returns is the output.
+
+Every engine, the Trainer, ``gradient_agreement`` and the adapters call a model
+through ``call_model(model, inputs, targets)``, so models written as people write
+them train without a wrapper class:
+
+* ``forward(x)`` returning a tensor (the zoo): called as is;
+* ``forward(input, hidden)`` returning ``(output, hidden)`` (pytorch/examples'
+  ``RNNModel``): a fresh state per batch, ``model.init_hidden(batch)`` when the
+  model has one, else ``None``; the output is the tuple's first element;
+* ``forward(idx, targets=None)`` returning ``(logits, loss)`` (nanoGPT's ``GPT``):
+  the targets are passed by keyword (nanoGPT returns only the last position's
+  logits without them); the output is the first element;
+* a dict (or a Hugging Face output) with ``logits``, an object with ``.logits``.
+
+These common shapes need no configuration; anything else (a dict without
+``logits``, a tuple whose first element is not a tensor) is refused in one line
+naming what came back and the option that says which part is the output. A
+declaration overrides the defaults (``declare_call``; ``--model-call KEY=VALUE``
+on the command line)::
+
+    models.declare_call(model, output="logits", state="init_hidden", layout="time_first", loss="model")
+
+``loss="model"``: where an engine needs only a loss (backprop, DSF, FT-BPTT,
+Highway-BP over time) it uses the loss the model returns (the tuple's 0-d tensor
+after the output, or ``loss`` of a dict or object) instead of the task's loss of
+the output; engines that need the output error itself (FOTON, PEPITA, FA, DFA,
+Highway-BP on a residual stack) and every evaluation use the task's loss.
+``layout="time_first"``: the model takes (T, B, ...) inputs; the call transposes
+the task's (B, T, ...) inputs and gives the output back as (B, T, ...) (a
+flattened (T*B, V) output, as ``RNNModel`` returns, is unflattened first).
+"""
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.errors import ModelConfigError
+
+__all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "model_call", "describe",
+           "CALL_KEYS"]
+
+TARGET_NAMES = ("targets", "target", "labels", "y")  # a forward parameter of this name receives the targets
+LAYOUTS = ("batch_first", "time_first")
+LOSSES = ("task", "model")
+CALL_KEYS = ("output", "state", "targets", "layout", "loss")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCall:
+    """What to pass and what to read (module docstring); ``"auto"`` reads the forward's signature.
+
+    output: ``"auto"``, a tuple index (int) or a dict key / attribute name (str).
+    state: ``"auto"``, ``"none"`` (pass ``None``), ``"no"`` (pass nothing), or the name of a method
+        called with the batch size for a fresh state (``"init_hidden"``).
+    targets: ``"auto"``, ``"no"``, or the keyword that receives the targets.
+    layout: ``"batch_first"`` or ``"time_first"``.
+    loss: ``"task"`` or ``"model"`` (the model's own loss where an engine needs only a loss).
+    """
+
+    output: int | str = "auto"
+    state: str = "auto"
+    targets: str = "auto"
+    layout: str = "batch_first"
+    loss: str = "task"
+
+    def __post_init__(self):
+        if isinstance(self.output, bool) or not isinstance(self.output, (int, str)) or self.output == "":
+            raise ModelConfigError(f"model call: output is a tuple index, a key or an attribute name, got "
+                                   f"{self.output!r}")
+        for key in ("state", "targets"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key).isidentifier():
+                raise ModelConfigError(f"model call: {key} is auto, none, no or a name, got {getattr(self, key)!r}")
+        if self.layout not in LAYOUTS:
+            raise ModelConfigError(f"model call: layout is {' or '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.loss not in LOSSES:
+            raise ModelConfigError(f"model call: loss is {' or '.join(LOSSES)}, got {self.loss!r}")
+
+    def described(self) -> dict:
+        """The fields that differ from the defaults (for records and messages)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
+
+
+@dataclasses.dataclass
+class CallResult:
+    outputs: torch.Tensor  # (B, ...) what the task's loss reads
+    loss: torch.Tensor | None  # the model's own loss, when it returns one and it is declared to be used
+
+
+def declare_call(model: nn.Module, call: ModelCall | None = None, **fields: Any) -> nn.Module:
+    """Declare how ``model`` is called (a ``ModelCall``, or its fields); returns ``model``. Stored on the
+    model (not a Parameter, not in its state_dict), so every engine and the Trainer read it."""
+    if call is None:
+        call = ModelCall(**fields)
+    elif fields:
+        call = dataclasses.replace(call, **fields)
+    model.__dict__["gradengines_call"] = call
+    model.__dict__.pop("_gradengines_plan", None)
+    return model
+
+
+def model_call(model: nn.Module) -> ModelCall:
+    """The declared call of ``model`` (the defaults if none was declared)."""
+    return model.__dict__.get("gradengines_call") or ModelCall()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A call with the signature read: what exactly is passed."""
+
+    state: str | None  # None: nothing; "none": None; else the method making a fresh state
+    targets: str | None  # the keyword receiving the targets, or None
+    call: ModelCall
+
+
+def _signature(model: nn.Module) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(model.forward).parameters.values())[1:]  # after the input
+    except (TypeError, ValueError):
+        return []
+
+
+def _plan(model: nn.Module) -> _Plan:
+    plan = model.__dict__.get("_gradengines_plan")
+    if plan is not None:
+        return plan
+    call = model_call(model)
+    params = _signature(model)
+    named = {p.name for p in params} | ({"*"} if any(p.kind is p.VAR_KEYWORD for p in params) else set())
+    targets = call.targets
+    if targets == "auto":
+        targets = next((p.name for p in params if p.name in TARGET_NAMES and p.kind is not p.POSITIONAL_ONLY), "no")
+    elif targets != "no" and targets not in named and "*" not in named:
+        raise ModelConfigError(f"model call: {type(model).__name__}.forward has no parameter '{targets}' for the "
+                               f"targets (its parameters: {', '.join(p.name for p in params) or 'the input only'})")
+    state = call.state
+    if state == "auto":
+        required = [p for p in params if p.default is p.empty and p.name != targets
+                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        state = ("init_hidden" if callable(getattr(model, "init_hidden", None)) else "none") if required else "no"
+    elif state not in ("none", "no") and not callable(getattr(model, state, None)):
+        raise ModelConfigError(f"model call: {type(model).__name__} has no method '{state}' making a fresh state")
+    plan = _Plan(None if state == "no" else state, None if targets == "no" else targets, call)
+    model.__dict__["_gradengines_plan"] = plan
+    return plan
+
+
+def describe(model: nn.Module) -> str:
+    """How ``model`` is called, e.g. ``model(inputs, model.init_hidden(B))``, for messages."""
+    plan = _plan(model)
+    args = ["inputs"]
+    if plan.state == "none":
+        args.append("None")
+    elif plan.state is not None:
+        args.append(f"model.{plan.state}(B)")
+    if plan.targets is not None:
+        args.append(f"{plan.targets}=targets")
+    return f"model({', '.join(args)})"
+
+
+def _hint(what: str) -> str:
+    return (f"say which part is the {what}: --model-call {what}=INDEX|KEY|ATTRIBUTE "
+            f"(Python: models.declare_call(model, {what}=...))")
+
+
+def _pick(value: Any, where: int | str, what: str) -> Any:
+    """Element ``where`` of a tuple, key of a mapping or attribute of an object."""
+    if isinstance(value, (tuple, list)):
+        if not isinstance(where, int) or not -len(value) <= where < len(value):
+            raise ModelConfigError(f"model's forward returns a {type(value).__name__} of {len(value)}; {what} "
+                                   f"{where!r} is not one of its positions")
+        return value[where]
+    if isinstance(value, Mapping) and where in value:
+        return value[where]
+    if isinstance(where, str) and not isinstance(value, Mapping) and hasattr(value, where):
+        return getattr(value, where)
+    keys = f" with keys {', '.join(map(str, value))}" if isinstance(value, Mapping) else ""
+    raise ModelConfigError(f"model's forward returns a {type(value).__name__}{keys}, which has no {what} "
+                           f"{where!r}")
+
+
+def _find_output(value: Any) -> torch.Tensor:
+    """The common shapes (module docstring), or one line naming what came back."""
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    if isinstance(value, Mapping):
+        if isinstance(value.get("logits"), torch.Tensor):
+            return value["logits"]
+        tensors = [k for k, v in value.items() if isinstance(v, torch.Tensor)]
+        if len(tensors) == 1:
+            return value[tensors[0]]
+        raise ModelConfigError(f"model's forward returns a {type(value).__name__} with keys "
+                               f"{', '.join(map(str, value)) or 'none'} and none is 'logits'; {_hint('output')}")
+    if isinstance(getattr(value, "logits", None), torch.Tensor):
+        return value.logits
+    if isinstance(value, (tuple, list)):
+        first = type(value[0]).__name__ if value else "nothing"
+        raise ModelConfigError(f"model's forward returns a {type(value).__name__} whose first element is "
+                               f"{first}, not a tensor; {_hint('output')}")
+    raise ModelConfigError(f"model's forward returns a {type(value).__name__}, not a tensor, a tuple, a dict or an "
+                           f"object with .logits; {_hint('output')}")
+
+
+def _find_loss(value: Any, output: torch.Tensor) -> torch.Tensor:
+    """The model's own loss: a 0-d tensor of a tuple other than the output, or ``loss`` of a dict or object."""
+    if isinstance(value, (tuple, list)):
+        found = [v for v in value if isinstance(v, torch.Tensor) and v.dim() == 0 and v is not output]
+    elif isinstance(value, Mapping):
+        found = [value["loss"]] if isinstance(value.get("loss"), torch.Tensor) else []
+    else:
+        found = [value.loss] if isinstance(getattr(value, "loss", None), torch.Tensor) else []
+    if len(found) != 1 or found[0].dim() != 0:
+        raise ModelConfigError(f"model call: loss=model, but the forward returns no single scalar loss "
+                               f"(a {type(value).__name__}); with targets passed by keyword it should")
+    return found[0]
+
+
+def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> CallResult:
+    """Call ``model`` as declared (module docstring) on a (B, ...) batch; the outputs come back (B, ...)."""
+    plan = _plan(model)
+    call = plan.call
+    time_first = call.layout == "time_first"
+    x = inputs.transpose(0, 1) if time_first else inputs
+    args: list[Any] = [x]
+    if plan.state == "none":
+        args.append(None)
+    elif plan.state is not None:
+        args.append(getattr(model, plan.state)(inputs.shape[0]))
+    kwargs = {}
+    if plan.targets is not None and targets is not None:
+        kwargs[plan.targets] = targets.transpose(0, 1) if time_first and targets.dim() > 1 else targets
+    value = model(*args, **kwargs)
+    if isinstance(value, torch.Tensor) and call.output == "auto":
+        outputs = value
+    else:
+        outputs = _find_output(value) if call.output == "auto" else _pick(value, call.output, "output")
+        if not isinstance(outputs, torch.Tensor):
+            raise ModelConfigError(f"model's output {call.output!r} is a {type(outputs).__name__}, not a tensor")
+    loss = _find_loss(value, outputs) if call.loss == "model" and targets is not None else None
+    if time_first:
+        outputs = _batch_first(outputs, inputs.shape[1], inputs.shape[0])
+    return CallResult(outputs, loss)
+
+
+def _batch_first(outputs: torch.Tensor, steps: int, batch: int) -> torch.Tensor:
+    """(T, B, ...) or a flattened (T*B, ...) output as (B, T, ...)."""
+    if outputs.shape[:2] != (steps, batch):
+        if outputs.shape[0] != steps * batch:
+            raise ModelConfigError(f"model call: layout=time_first, but the output {tuple(outputs.shape)} is "
+                                   f"neither (T={steps}, B={batch}, ...) nor (T*B, ...)")
+        outputs = outputs.reshape(steps, batch, *outputs.shape[1:])
+    return outputs.transpose(0, 1)
+
+
+def forward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(outputs, loss)`` of one forward: the model's own loss if declared (``loss="model"``), else the task's."""
+    result = call_model(model, inputs, targets)
+    return result.outputs, result.loss if result.loss is not None else loss_fn(result.outputs, targets)

@@ -1,0 +1,380 @@
+"""Models as people write them, called through models.call_model without a wrapper class: a
+state-taking RNN language model in pytorch/examples' style ((T, B) tokens, forward(input, hidden)
+-> (log_probs (T*B, V), hidden)), a nanoGPT-style model (forward(idx, targets=None) -> (logits,
+loss), the last position only without targets), a dict and an object with .logits. In float64:
+forward and gradients unchanged, and each engine's identities as on the zoo; from the command line,
+each trains from a file; every refusal is one line."""
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import models
+import trainers
+from models.calling import call_model
+from tasks.base import sequence_cross_entropy
+from trainers.engine import trainable_parameters
+
+V, E, H, T, B = 9, 5, 4, 6, 3
+
+
+class RNNModel(nn.Module):
+    """pytorch/examples' word_language_model layout: encoder, rnn (seq-first), decoder, init_hidden."""
+
+    def __init__(self, rnn_type="LSTM", ntoken=V, ninp=E, nhid=H, nlayers=2, dropout=0.0):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.encoder = nn.Embedding(ntoken, ninp)
+        self.rnn = getattr(nn, rnn_type)(ninp, nhid, nlayers, dropout=dropout)
+        self.decoder = nn.Linear(nhid, ntoken)
+        self.rnn_type, self.nhid, self.nlayers, self.ntoken = rnn_type, nhid, nlayers, ntoken
+
+    def forward(self, input, hidden):
+        emb = self.drop(self.encoder(input))
+        output, hidden = self.rnn(emb, hidden)
+        decoded = self.decoder(self.drop(output)).view(-1, self.ntoken)
+        return F.log_softmax(decoded, dim=1), hidden
+
+    def init_hidden(self, bsz):
+        weight = next(self.parameters())
+        zeros = weight.new_zeros(self.nlayers, bsz, self.nhid)
+        return (zeros, zeros.clone()) if self.rnn_type == "LSTM" else zeros
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(n_embd), nn.Linear(n_embd, n_embd)
+        self.ln_2, self.mlp = nn.LayerNorm(n_embd), nn.Sequential(nn.Linear(n_embd, 2 * n_embd), nn.GELU(),
+                                                                  nn.Linear(2 * n_embd, n_embd))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's module names and forward contract."""
+
+    def __init__(self, vocab_size=V, n_embd=8, n_layer=2, block_size=T):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList(Block(n_embd) for _ in range(n_layer)), ln_f=nn.LayerNorm(n_embd)))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+
+    def forward(self, idx, targets=None):
+        t = self.transformer
+        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in t.h:
+            x = block(x)
+        x = t.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        else:
+            logits, loss = self.lm_head(x[:, [-1], :]), None
+        return logits, loss
+
+
+class DictLM(nn.Module):
+    """Returns a dict, Hugging Face style: logits and a hidden state."""
+
+    def __init__(self, vocab=V):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab, E), nn.Linear(E, vocab)
+
+    def forward(self, tokens):
+        hidden = torch.tanh(self.embed(tokens))
+        return {"hidden_states": hidden, "logits": self.head(hidden)}
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    aux: float = 0.0
+
+
+class ObjectLM(DictLM):
+    """Returns an object with .logits."""
+
+    def forward(self, tokens):
+        return Output(super().forward(tokens)["logits"])
+
+
+def batch(vocab=V, ignore=None):
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, vocab, (B, T), generator=gen), torch.randint(0, vocab, (B, T), generator=gen)
+    if ignore is not None:
+        y[0, :2] = ignore
+    return x, y
+
+
+def grads(model, engine, x, y, loss_fn=sequence_cross_entropy):
+    engine.compute_grads(model, x, y, loss_fn)
+    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
+
+
+def autograd(model, loss):
+    params = [p for _, p in trainable_parameters(model)]
+    return {name: g for (name, _), g in zip(trainable_parameters(model),
+                                            torch.autograd.grad(loss, params), strict=True)}
+
+
+def assert_same(a, b, tol=1e-10):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=tol, atol=tol * 1e-2, msg=name)
+
+
+def rnn_model(rnn_type="LSTM", zero_recurrent=False):
+    torch.manual_seed(0)
+    model = models.declare_call(RNNModel(rnn_type).double(), layout="time_first")
+    if zero_recurrent:
+        with torch.no_grad():
+            for k in range(model.nlayers):
+                getattr(model.rnn, f"weight_hh_l{k}").zero_()
+    return model
+
+
+def rnn_by_hand(model, x, y):
+    """The model's outputs and loss as its authors' training loop computes them, read back as (B, T, V)."""
+    log_probs, _ = model(x.t(), model.init_hidden(x.shape[0]))
+    return log_probs.view(T, B, V).transpose(0, 1), F.nll_loss(log_probs, y.t().reshape(-1))
+
+
+# ---- the state-taking RNN language model ---------------------------------------------------------
+
+@pytest.mark.parametrize("rnn_type", ["LSTM", "GRU"])
+def test_a_state_taking_rnn_is_called_with_a_fresh_state_and_read_back_batch_first(rnn_type):
+    model = rnn_model(rnn_type)
+    x, y = batch()
+    want, loss = rnn_by_hand(model, x, y)
+    torch.testing.assert_close(call_model(model, x, y).outputs, want, rtol=0, atol=0)
+    exact = autograd(model, loss)
+    assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-12)
+    models.wrap_recurrent(model)  # the recurrent engines' view: the same forward and gradients
+    torch.testing.assert_close(call_model(model, x, y).outputs, want, rtol=1e-12, atol=1e-12)
+    assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-12)
+
+
+@pytest.mark.parametrize("rnn_type", ["LSTM", "GRU"])
+def test_highway_over_time_with_k_at_least_t_is_bptt_on_the_state_taking_rnn(rnn_type):
+    model = models.wrap_recurrent(rnn_model(rnn_type))
+    x, y = batch()
+    exact = autograd(model, rnn_by_hand(model, x, y)[1])
+    assert_same(grads(model, trainers.build_engine("highway", k=T), x, y), exact)
+    approx = grads(model, trainers.build_engine("highway", k=1), x, y)
+    assert (approx["rnn.weight_hh_l0"] - exact["rnn.weight_hh_l0"]).norm() > 1e-6
+
+
+@pytest.mark.parametrize("rnn_type", ["LSTM", "GRU"])
+def test_tied_dsf_with_zero_recurrent_weights_is_bptt_on_the_state_taking_rnn(rnn_type):
+    model = models.wrap_recurrent(rnn_model(rnn_type, zero_recurrent=True))
+    x, y = batch()
+    exact = autograd(model, rnn_by_hand(model, x, y)[1])
+    assert_same(grads(model, trainers.build_engine("dsf", feedback="tied"), x, y), exact)
+
+
+def test_ftbptt_on_the_state_taking_rnn_is_the_unrolled_cell_with_the_state_detached():
+    model = models.wrap_recurrent(rnn_model("GRU"))
+    x, y = batch()
+    rnn = model.rnn
+    inputs = model.encoder(x.t())  # (T, B, E)
+    for k in range(model.nlayers):
+        w = [getattr(rnn, f"{n}_l{k}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        h, outs = inputs.new_zeros(B, H), []
+        for t in range(T):
+            h = torch.gru_cell(inputs[t], h.detach(), *w)  # no gradient through time
+            outs.append(h)
+        inputs = torch.stack(outs)
+    loss = F.nll_loss(F.log_softmax(model.decoder(inputs).view(-1, V), dim=1), y.t().reshape(-1))
+    assert_same(grads(model, trainers.build_engine("ftbptt"), x, y), autograd(model, loss))
+
+
+# ---- nanoGPT-style (logits, loss) ------------------------------------------------------------------
+
+def gpt():
+    torch.manual_seed(0)
+    return GPT().double()
+
+
+def test_a_logits_loss_model_gets_its_targets_and_its_own_loss_on_request():
+    model = gpt()
+    x, y = batch(ignore=-1)  # nanoGPT's own ignore_index
+    logits, loss = model(x, y)
+    torch.testing.assert_close(call_model(model, x, y).outputs, logits, rtol=0, atol=0)  # every position
+    assert call_model(model, x, y).loss is None  # the task's loss, unless declared
+    exact = autograd(model, loss)
+    own = grads(models.declare_call(model, loss="model"), trainers.build_engine("backprop"), x, y,
+                loss_fn=lambda out, t: out.sum() * float("nan"))  # never read: the model's loss is used
+    assert_same(own, exact, tol=1e-12)
+
+
+def gpt_stack(model, x, y):
+    t = model.transformer
+    return models.residual_stack(
+        model, stem=lambda idx: t.wte(idx) + t.wpe(torch.arange(idx.shape[1])),
+        blocks=[pair for b in t.h for pair in ((b.ln_1, b.attn), (b.ln_2, b.mlp))],
+        head=lambda h: model.lm_head(t.ln_f(h)), example=(x, y))
+
+
+def test_highway_on_the_logits_loss_model_is_backprop_of_its_own_loss_at_full_k():
+    model = gpt()
+    x, y = batch()
+    stack = gpt_stack(model, x, y)  # checked against the logits the model returns with targets
+    exact = autograd(model, model(x, y)[1])
+    highway = grads(stack, trainers.build_engine("highway", k=2 * len(model.transformer.h)), x, y)
+    assert_same({k.removeprefix("model."): v for k, v in highway.items()}, exact)
+
+
+def test_a_declaration_checked_without_targets_sees_the_last_position_only():
+    model = gpt()
+    x, _ = batch()
+    with pytest.raises(models.ModelConfigError, match="do not compute the model's forward"):
+        gpt_stack(model, x, None)
+
+
+# ---- dict and object outputs -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [DictLM, ObjectLM])
+def test_dict_and_object_outputs_are_read_at_their_logits(cls):
+    torch.manual_seed(0)
+    model = cls().double()
+    x, y = batch()
+    logits = DictLM.forward(model, x)["logits"]
+    torch.testing.assert_close(call_model(model, x, y).outputs, logits, rtol=0, atol=0)
+    exact = autograd(model, sequence_cross_entropy(logits, y))
+    assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-12)
+    report = trainers.gradient_agreement(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
+    assert report["global"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_declared_output_reads_another_part():
+    torch.manual_seed(0)
+    model = models.declare_call(DictLM().double(), output="hidden_states")
+    x, y = batch()
+    torch.testing.assert_close(call_model(model, x, y).outputs, torch.tanh(model.embed(x)))
+
+
+class TwoTensors(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return {"scores": self.head(x), "features": x}
+
+
+class ListFirst(TwoTensors):
+    def forward(self, x):
+        return ["not a tensor", self.head(x)]
+
+
+@pytest.mark.parametrize("model, call, expected", [
+    (TwoTensors(), {}, "returns a dict with keys scores, features and none is 'logits'; say which part is the "
+                       "output: --model-call output="),
+    (ListFirst(), {}, "returns a list whose first element is str, not a tensor"),
+    (TwoTensors(), {"output": "logits"}, "returns a dict with keys scores, features, which has no output 'logits'"),
+    (ListFirst(), {"output": 5}, "returns a list of 2; output 5 is not one of its positions"),
+    (ListFirst(), {"output": 1, "loss": "model"}, "loss=model, but the forward returns no single scalar loss"),
+    (TwoTensors(), {"state": "init_hidden"}, "TwoTensors has no method 'init_hidden'"),
+    (TwoTensors(), {"targets": "labels"}, "forward has no parameter 'labels'"),
+])
+def test_a_return_value_that_cannot_be_read_is_one_line(model, call, expected):
+    models.declare_call(model, **call)
+    with pytest.raises(models.ModelConfigError) as info:
+        call_model(model, torch.ones(2, 4), torch.zeros(2, dtype=torch.long))
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field, value, expected", [("layout", "seq_first", "layout is batch_first or time_first"),
+                                                    ("loss", "mine", "loss is task or model"),
+                                                    ("output", "", "output is a tuple index"),
+                                                    ("state", "a b", "state is auto, none, no or a name")])
+def test_a_bad_declaration_is_one_line(field, value, expected):
+    with pytest.raises(models.ModelConfigError, match=expected):
+        models.ModelCall(**{field: value})
+
+
+# ---- the command line: each style from a file, no wrapper ------------------------------------------
+
+@pytest.fixture
+def model_file(tmp_path):
+    import inspect
+    source = ("import dataclasses\nimport torch\nfrom torch import nn\nfrom torch.nn import functional as F\n\n"
+              f"V, E, H, T = {V}, {E}, {H}, {T}\n\n")
+    for obj in (RNNModel, Block, GPT, DictLM, Output, ObjectLM):
+        source += ("@dataclasses.dataclass\n" if obj is Output else "") + inspect.getsource(obj) + "\n\n"
+    source += textwrap.dedent(f'''
+        def gpt_stack(vocab_size={V}):  # a declaration, not a wrapper: Highway-BP needs the residual path
+            import models
+            model = GPT(vocab_size)
+            t = model.transformer
+            idx = torch.zeros(2, {T}, dtype=torch.long)
+            return models.residual_stack(
+                model, stem=lambda i: t.wte(i) + t.wpe(torch.arange(i.shape[1])),
+                blocks=[pair for b in t.h for pair in ((b.ln_1, b.attn), (b.ln_2, b.mlp))],
+                head=lambda h: model.lm_head(t.ln_f(h)), example=(idx, idx))
+    ''')
+    path = tmp_path / "user_lms.py"
+    path.write_text(source)
+    return path
+
+
+@pytest.fixture
+def ptb(tmp_path):
+    """A tiny PTB-format word corpus of 7 words (+ <unk>, <eos>: V = 9)."""
+    gen = torch.Generator().manual_seed(0)
+    words = "the cat sat on a mat ran".split()
+    for name, lines in (("ptb.train.txt", 60), ("ptb.valid.txt", 12), ("ptb.test.txt", 12)):
+        ids = torch.randint(0, len(words), (lines, 6), generator=gen).tolist()
+        (tmp_path / name).write_text("".join(" ".join(words[i] for i in line) + "\n" for line in ids))
+    return ["--task", "ptb-word", "--data-dir", str(tmp_path), "--task-option", f"seq_len={T}", "--steps", "2",
+            "--progress", "false", "--experiment", "e", "--logdir", str(tmp_path / "runs")]
+
+
+def result(ptb, run):
+    return json.loads((Path(ptb[ptb.index("--logdir") + 1]) / "e" / run / "seed0" / "result.json").read_text())
+
+
+@pytest.mark.parametrize("model, trainers_, call", [
+    ("RNNModel", ["backprop", "dsf", "ftbptt", "highway"], ["layout=time_first"]),
+    ("GPT", ["backprop"], ["loss=model"]),
+    ("gpt_stack", ["highway"], []),
+    ("DictLM", ["backprop"], []),
+    ("ObjectLM", ["backprop"], []),
+])
+def test_each_style_trains_from_a_file_without_a_wrapper(model, trainers_, call, model_file, ptb):
+    from trainers.cli import train_main
+
+    size = ["--model-option", f"ntoken={V}"] if model == "RNNModel" else []
+    for trainer in trainers_:
+        flags = [f for c in call for f in ("--model-call", c)]
+        assert train_main(["--model", f"{model_file}:{model}", *size, *flags, "--trainer", trainer, *ptb]) == 0
+        record = result(ptb, trainer)
+        assert record["steps"] == 2 and record["final_val"]["perplexity"] < 2 * V  # trained, finite
+        assert record["model"].get("call") == (", ".join(call) or None)
+
+
+def test_the_command_line_refuses_what_it_cannot_call_in_one_line(model_file, ptb, capsys):
+    from trainers.cli import train_main
+
+    cases = [
+        (["--model", f"{model_file}:RNNModel", "--model-option", f"ntoken={V}"],
+         "called as model(inputs, model.init_hidden(B)); a model that reads (T, B) inputs needs --model-call "
+         "layout=time_first"),
+        (["--model", f"{model_file}:DictLM", "--model-call", "shape=1"], "--model-call has no key 'shape'"),
+        (["--model", f"{model_file}:DictLM", "--model-call", "output=scores"], "which has no output 'scores'"),
+        (["--model", f"{model_file}:DictLM", "--model-call", "layout=tb"], "layout is batch_first or time_first"),
+    ]
+    for flags, expected in cases:
+        assert train_main([*flags, *ptb]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
