@@ -108,6 +108,22 @@ class ObjectLM(DictLM):
         return Output(super().forward(tokens)["logits"])
 
 
+class CachedMaskLM(nn.Module):
+    """pytorch/examples' TransformerModel habits: (T, B) tokens, (T, B, V) log-probs, a mask cached on first use."""
+
+    def __init__(self, ntoken=V, ninp=E):
+        super().__init__()
+        self.src_mask = None
+        self.encoder, self.decoder = nn.Embedding(ntoken, ninp), nn.Linear(ninp, ntoken)
+
+    def forward(self, src, has_mask=True):
+        if has_mask and (self.src_mask is None or self.src_mask.size(0) != len(src)):
+            self.src_mask = torch.tril(torch.ones(len(src), len(src), device=src.device))
+        x = self.encoder(src)  # (T, B, E): each step the mean of the steps so far
+        mask = self.src_mask / self.src_mask.sum(1, keepdim=True)
+        return F.log_softmax(self.decoder(torch.einsum("ts,sbe->tbe", mask, x)), dim=-1)
+
+
 def batch(vocab=V, ignore=None):
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, vocab, (B, T), generator=gen), torch.randint(0, vocab, (B, T), generator=gen)
@@ -310,7 +326,7 @@ def model_file(tmp_path):
     import inspect
     source = ("import dataclasses\nimport torch\nfrom torch import nn\nfrom torch.nn import functional as F\n\n"
               f"V, E, H, T = {V}, {E}, {H}, {T}\n\n")
-    for obj in (RNNModel, Block, GPT, DictLM, Output, ObjectLM):
+    for obj in (RNNModel, Block, GPT, DictLM, Output, ObjectLM, CachedMaskLM):
         source += ("@dataclasses.dataclass\n" if obj is Output else "") + inspect.getsource(obj) + "\n\n"
     source += textwrap.dedent(f'''
         def gpt_stack(vocab_size={V}):  # a declaration, not a wrapper: Highway-BP needs the residual path
@@ -350,6 +366,7 @@ def result(ptb, run):
     ("gpt_stack", ["highway"], []),
     ("DictLM", ["backprop"], []),
     ("ObjectLM", ["backprop"], []),
+    ("CachedMaskLM", ["backprop"], ["layout=time_first"]),  # never run on meta tensors (its cache kept one)
 ])
 def test_each_style_trains_from_a_file_without_a_wrapper(model, trainers_, call, model_file, ptb):
     from trainers.cli import train_main

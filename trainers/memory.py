@@ -48,7 +48,11 @@ def estimate_bytes(build, sample: torch.Tensor, *, batch_size: int, optimizer: s
         return None
     parameters = sum(p.numel() for p in model.parameters())
     buffers = sum(b.numel() for b in model.buffers())
-    produced = []
+    produced: list[int] = []
+    if any(not t.is_meta for t in (*model.parameters(), *model.buffers())):
+        # a model already built for real (a user's, built once): its forward is not run on meta tensors, which
+        # could leave meta tensors in its caches (pytorch/examples' TransformerModel keeps its mask)
+        return _estimate(parameters, buffers, 0, batch_size, optimizer, momentum, dtype)
     hooks = [m.register_forward_hook(lambda _m, _i, out: produced.append(out.numel() if torch.is_tensor(out) else 0))
              for m in model.modules() if not list(m.children())]
     try:
@@ -61,6 +65,11 @@ def estimate_bytes(build, sample: torch.Tensor, *, batch_size: int, optimizer: s
     finally:
         for h in hooks:
             h.remove()
+    return _estimate(parameters, buffers, per_sample, batch_size, optimizer, momentum, dtype)
+
+
+def _estimate(parameters: int, buffers: int, per_sample: int, batch_size: int, optimizer: str, momentum: float,
+              dtype: torch.dtype) -> dict:
     states = OPTIMIZER_STATES[optimizer] if optimizer != "sgd" or momentum > 0 else 0
     elements = parameters * (3 + states) + buffers + 2 * per_sample * batch_size
     return {"bytes": elements * torch.finfo(dtype).bits // 8, "parameters": parameters,
