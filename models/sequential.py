@@ -1,19 +1,23 @@
-"""A user's ``nn.Sequential`` MLP seen as a layer stack (the structure of FOTON, PEPITA, FA, DFA).
+"""A user's ``nn.Sequential`` MLP or CNN seen as a layer stack (the structure of FOTON, PEPITA, FA, DFA).
 
     net = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 10))
     stack = models.layer_stack(net, orthogonal="bjorck")   # hidden layers orthogonal, for FOTON
     trainers.build_engine("foton").compute_grads(stack, x, y, loss_fn)
 
-``layer_stack`` accepts ``[Flatten], Linear, [Dropout], act, Linear, [Dropout], act, ..., Linear``
-with one element-wise activation class throughout (``Tanh``, ``ReLU``, ``GELU``,
-``Identity``, ``Sigmoid``, ``LeakyReLU``) and dropout, if any, before the
-activation (the stack's ``h_l = act(drop(A_l h_{l-1} + b_l))``; after it, the
-engines' update would not be the network's). It wraps the user's module: the
-``Linear`` layers and their Parameters are the user's own objects (training
-updates them in place), and the forward is the user's ``Sequential`` itself.
-Each ``nn.Dropout`` is replaced in place by a ``ConsistentDropout`` of the same
-rate (no parameters), so the engines' passes can reuse its masks. Anything else
-is refused in one ``ModelConfigError`` line naming the position.
+``layer_stack`` accepts ``[Flatten | Unflatten], A, [Dropout], act, A, [Dropout], act, ..., A``
+where each linear map ``A`` is an ``nn.Conv2d`` or an ``nn.Linear`` (``Flatten``
+right before a ``Linear`` that follows a convolution), with one element-wise
+activation class throughout (``Tanh``, ``ReLU``, ``GELU``, ``Identity``,
+``Sigmoid``, ``LeakyReLU``) and dropout, if any, before the activation (the
+stack's ``h_l = act(drop(A_l h_{l-1} + b_l))``; after it, the engines' update
+would not be the network's). A leading ``Flatten`` or ``Unflatten`` is the
+stack's ``input_features`` (a 2-D input to a first ``Linear`` is used as is). It
+wraps the user's module: the layers and their Parameters are the user's own
+objects (training updates them in place), and the forward is the user's
+``Sequential`` itself. Each ``nn.Dropout`` is replaced in place by a
+``ConsistentDropout`` of the same rate (no parameters), so the engines' passes
+can reuse its masks. Anything else is refused in one ``ModelConfigError`` line
+naming the position.
 """
 
 from torch import nn
@@ -27,26 +31,48 @@ __all__ = ["SequentialStack", "layer_stack"]
 ACTIVATIONS = (nn.Tanh, nn.ReLU, nn.GELU, nn.Identity, nn.Sigmoid, nn.LeakyReLU)
 
 
+class FlattenedLinear(nn.Module):
+    """``linear(x.flatten(1))``: a user's ``Flatten, Linear`` pair as one layer of the stack (``.linear`` is the
+    user's module, the engines' closed forms apply; not registered in the stack, so its Parameters keep their
+    names once)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+
 class SequentialStack(nn.Module):
     """The layer-stack view of an ``nn.Sequential`` (module docstring); ``forward`` is the Sequential's."""
 
     def __init__(self, sequential: nn.Sequential):
         super().__init__()
         self.sequential = sequential  # the only registered child: Parameters keep their names and objects
-        linears, dropouts, acts = [], [], []
+        linears: list[nn.Module] = []
+        dropouts, acts = [], []
         items = list(sequential.named_children())
-        flatten = bool(items) and isinstance(items[0][1], nn.Flatten)
-        position = int(flatten)
+        reshape = bool(items) and isinstance(items[0][1], (nn.Flatten, nn.Unflatten))
+        self.__dict__["_reshape"] = items[0][1] if reshape else None
+        position = int(reshape)
         while position < len(items):
             name, module = items[position]
             if isinstance(module, (nn.Dropout, ConsistentDropout)) and acts:
                 raise ModelConfigError(f"layer_stack: sequential[{name}] is a dropout after the activation; put it "
                                        "before (h = act(drop(W h + b))), the order the engines' updates follow")
-            if not isinstance(module, nn.Linear):
+            flatten = isinstance(module, nn.Flatten) and bool(linears) and position + 1 < len(items)
+            if flatten:
+                position += 1
+                name, module = items[position]
+            if not isinstance(module, (nn.Linear, nn.Conv2d)) or (flatten and not isinstance(module, nn.Linear)):
                 raise ModelConfigError(f"layer_stack: sequential[{name}] is a {type(module).__name__} where an "
-                                       "nn.Linear is expected (the stack is Linear, [Dropout], activation, ..., "
-                                       "Linear)")
-            linears.append(module)
+                                       "nn.Linear or nn.Conv2d is expected (the stack is Linear or Conv2d, [Dropout], "
+                                       "activation, ..., [Flatten], Linear)")
+            if isinstance(module, nn.Conv2d) and module.padding_mode != "zeros":
+                raise ModelConfigError(f"layer_stack: sequential[{name}] pads with '{module.padding_mode}'; the "
+                                       "engines' transposed convolutions assume zero padding")
+            linears.append(FlattenedLinear(module) if flatten else module)
             position += 1
             if position == len(items):
                 break
@@ -71,14 +97,19 @@ class SequentialStack(nn.Module):
                                    f"{', '.join(sorted(k.__name__ for k in kinds))}")
         if not linears:
             raise ModelConfigError("layer_stack: the Sequential holds no nn.Linear layer")
+        if linears and isinstance(linears[-1], nn.Conv2d):
+            raise ModelConfigError("layer_stack: the last layer is an nn.Conv2d; end with [Flatten], Linear (the "
+                                   "output y = W h + b of the classes)")
         self.__dict__["layers"] = linears  # plain lists: the modules stay registered once, under `sequential`
         self.__dict__["dropouts"] = dropouts
         self.__dict__["act"] = acts[0] if acts else nn.Identity()
 
-    @staticmethod
-    def input_features(x):
-        """h_0: the input flattened to (B, d_0), as a leading ``nn.Flatten`` (or a 2-D input) has it."""
-        return x.flatten(1)
+    def input_features(self, x):
+        """h_0: the input through a leading ``Flatten`` / ``Unflatten``; flattened to (B, d_0) before a first
+        ``Linear``, as is before a first ``Conv2d``."""
+        if self._reshape is not None:
+            return self._reshape(x)
+        return x if isinstance(self.layers[0], nn.Conv2d) else x.flatten(1)
 
     def forward(self, x):
         return self.sequential(x)
@@ -91,6 +122,9 @@ def layer_stack(sequential: nn.Sequential, *, orthogonal: str | None = None, ite
     if not isinstance(sequential, nn.Sequential):
         raise ModelConfigError(f"layer_stack needs an nn.Sequential, got {type(sequential).__name__}")
     stack = SequentialStack(sequential)
+    if orthogonal is not None and any(isinstance(layer, nn.Conv2d) for layer in stack.layers):
+        raise ModelConfigError("layer_stack: orthogonal= makes nn.Linear layers orthogonal, not convolutions; for "
+                               "orthogonal convolutions use the zoo's ortho_lenet / ortho_convnet")
     for layer in stack.layers[:-1]:
-        make_orthogonal(layer, orthogonal, iters=iters)
+        make_orthogonal(getattr(layer, "linear", layer), orthogonal, iters=iters)
     return stack

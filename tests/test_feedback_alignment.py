@@ -120,11 +120,105 @@ def test_feedback_is_fixed_seeded_and_restored_from_a_state_dict(rule):
 
 
 @pytest.mark.parametrize("rule", ["fa", "dfa"])
-def test_refuses_layers_without_a_weight_matrix_in_one_line(rule):
+def test_refuses_layers_without_a_transposable_map_in_one_line(rule):
+    from torch import nn
+
     engine = trainers.build_engine(rule)
-    conv = models.build("ortho_convnet", in_features=64, out_features=10)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(128, 3))
+    stack = models.layer_stack(net)
+    net[0].padding_mode = "circular"  # changed after the view was made: the engine checks again
     with pytest.raises(trainers.IncompatibleModelError) as err:
-        engine.check(conv)
-    assert str(err.value).count("\n") == 0 and "needs nn.Linear layers" in str(err.value)
+        engine.check(stack)
+    assert str(err.value).count("\n") == 0 and "needs nn.Linear or zero-padded nn.Conv2d layers" in str(err.value)
     with pytest.raises(trainers.IncompatibleModelError, match="needs a layer stack"):
         engine.check(models.build("residual_mlp", in_features=6, out_features=3, depth=2, width=4))
+
+
+# ---- convolutional layers ------------------------------------------------------------------------
+
+def user_cnn(hidden_linear=True, dropout=0.0):
+    """A user's nn.Sequential CNN on 8x8 images given flat (digits' layout): zero padding, a strided conv."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = [nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 4, 3, padding=1), nn.Dropout(dropout), nn.Tanh(),
+              nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.Tanh(), nn.Flatten()]
+    layers += [nn.Linear(96, 16), nn.Tanh(), nn.Linear(16, 3)] if hidden_linear else [nn.Linear(96, 3)]
+    return models.layer_stack(nn.Sequential(*layers).double())
+
+
+def zoo_cnn(name):
+    torch.manual_seed(0)
+    options = {"width": 8} if name == "ortho_lenet" else {"depth": 2}
+    return models.build(name, in_features=64, out_features=3, **options).double()
+
+
+def image_batch():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(5, 64, generator=gen, dtype=torch.float64), torch.randint(0, 3, (5,), generator=gen)
+
+
+CNNS = {"user": lambda: user_cnn(dropout=0.2), "ortho_lenet": lambda: zoo_cnn("ortho_lenet"),
+        "ortho_convnet": lambda: zoo_cnn("ortho_convnet")}
+
+
+@pytest.mark.parametrize("cnn", list(CNNS))
+def test_fa_with_the_forward_kernels_as_feedback_is_backprop_on_a_cnn(cnn):
+    """B_l = A_l: the transposed convolution with the layer's own kernel (nn.Conv2d, strided), the adjoint of an
+    orthogonal convolution with its own weight (the zoo), the dense layers' W: FA's error path is backprop's."""
+    from trainers.engines.feedback_alignment import _forward_tensor
+
+    model, (x, y) = CNNS[cnn](), image_batch()
+    fa = trainers.build_engine("fa")
+    fa.load_state_dict({"feedback": [_forward_tensor(layer).detach().clone() for layer in model.layers[1:]]})
+    torch.manual_seed(7)
+    got = grads(model, fa, x, y)
+    torch.manual_seed(7)  # the same dropout masks
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    for name in exact:
+        torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
+    random = grads(model, trainers.build_engine("fa"), x, y)  # drawn feedback: not backprop below the top layer
+    first = next(iter(exact))
+    assert (random[first] - exact[first]).norm() > 1e-3 * exact[first].norm()
+
+
+@pytest.mark.parametrize("cnn", ["user", "ortho_convnet"])
+def test_dfa_with_one_hidden_conv_layer_and_the_output_weights_as_feedback_is_backprop(cnn):
+    """One hidden convolution, then the output layer W_2 on its flattened output: D_1 = W_2 is the true path."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    if cnn == "user":
+        model = models.layer_stack(nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 4, 3, stride=2),
+                                                 nn.Tanh(), nn.Flatten(), nn.Linear(36, 3)).double())
+    else:
+        model = models.build("ortho_convnet", in_features=64, out_features=3, depth=1).double()
+    x, y = image_batch()
+    assert len(model.layers) == 2
+    dfa = trainers.build_engine("dfa")
+    dfa.load_state_dict({"feedback": [model.layers[1].linear.weight.detach().clone()]})
+    got, exact = grads(model, dfa, x, y), grads(model, trainers.build_engine("backprop"), x, y)
+    for name in exact:
+        torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_random_feedback_on_a_cnn_has_the_layers_shapes_and_trains_through_the_trainer(rule):
+    import tasks
+
+    stack = user_cnn()
+    engine = trainers.build_engine(rule)
+    x, y = image_batch()
+    grads(stack, engine, x, y)
+    conv = stack.layers[1].weight
+    want = {"fa": [tuple(conv.shape), (16, 96), (3, 16)], "dfa": [(3, 4 * 8 * 8), (3, 6 * 4 * 4), (3, 16)]}[rule]
+    assert [tuple(f.shape) for f in engine.feedback] == want
+    task = tasks.build("digits")
+    net = user_cnn().sequential.float()
+    net[-1] = torch.nn.Linear(16, 10)
+    stack = models.layer_stack(net)
+    before = trainers.Trainer(stack, engine, task, progress=False, batch_size=32, lr=0.05).evaluate()["loss"]
+    trainer = trainers.Trainer(stack, trainers.build_engine(rule), task, progress=False, batch_size=32, lr=0.05,
+                               optimizer="sgd")
+    trainer.fit(steps=40)
+    assert trainer.evaluate()["loss"] < before

@@ -86,9 +86,33 @@ class GPT(nn.Module):
         x = t.drop(t.wte(idx) + t.wpe(torch.arange(idx.shape[1])))
         for block in t.h:
             x = block(x)
-        logits = self.lm_head(t.ln_f(x))
-        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return logits, loss
+        x = t.ln_f(x)
+        if targets is None:  # nanoGPT: the last position only
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+class RNNModel(nn.Module):
+    """pytorch/examples' word_language_model RNNModel: its constructor, forward and init_hidden contracts."""
+
+    def __init__(self, rnn_type, ntoken, ninp, nhid, nlayers, dropout=0.5, tie_weights=False):
+        super().__init__()
+        self.drop, self.encoder = nn.Dropout(dropout), nn.Embedding(ntoken, ninp)
+        self.rnn = getattr(nn, rnn_type)(ninp, nhid, nlayers, dropout=dropout)
+        self.decoder = nn.Linear(nhid, ntoken)
+        self.rnn_type, self.nhid, self.nlayers, self.ntoken = rnn_type, nhid, nlayers, ntoken
+
+    def forward(self, input, hidden):
+        output, hidden = self.rnn(self.drop(self.encoder(input)), hidden)
+        decoded = self.decoder(self.drop(output)).view(-1, self.ntoken)
+        return F.log_softmax(decoded, dim=1), hidden
+
+    def init_hidden(self, bsz):
+        weight = next(self.parameters())
+        if self.rnn_type == "LSTM":
+            return (weight.new_zeros(self.nlayers, bsz, self.nhid), weight.new_zeros(self.nlayers, bsz, self.nhid))
+        return weight.new_zeros(self.nlayers, bsz, self.nhid)
 
 
 def token_batches(vocab, n=4, length=16):
@@ -126,3 +150,26 @@ def test_the_nanogpt_example_trains_with_highway_and_matches_backprop_at_full_k(
     trainers.build_engine("highway", k=2 * len(gpt.transformer.h)).compute_grads(stack, idx, targets, loss_fn)
     for p, g in zip(gpt.parameters(), want, strict=True):
         torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12)
+
+
+def test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_its_own_loss(tmp_path, monkeypatch):
+    """The README's Python example with pytorch/examples' RNNModel and nanoGPT's GPT, on a tiny PTB-format corpus."""
+    import sys
+    import types
+
+    words = "the cat sat on a mat ran".split()
+    gen = torch.Generator().manual_seed(0)
+    for name, lines in (("ptb.train.txt", 200), ("ptb.valid.txt", 30), ("ptb.test.txt", 30)):
+        ids = torch.randint(0, len(words), (lines, 8), generator=gen).tolist()
+        (tmp_path / name).write_text("".join(" ".join(words[i] for i in line) + "\n" for line in ids))
+    monkeypatch.setitem(sys.modules, "model", types.SimpleNamespace(GPT=GPT, GPTConfig=GPTConfig, RNNModel=RNNModel))
+    code = example("import models, tasks, trainers\nfrom model import").replace("../shared/data/ptb", str(tmp_path))
+    torch.manual_seed(0)
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - the README's example
+    lm, gpt, task = scope["lm"], scope["gpt"], scope["task"]
+    assert len(lm.recurrent_layers) == 2 and lm.rnn.weight_hh_l1.grad is not None
+    x, y = task.val.inputs[:4], task.val.targets[:4]
+    own = gpt(x, y)[1]
+    assert models.call_model(gpt, x, y).loss == own  # the loss it returns, every position's logits
+    assert models.call_model(gpt, x, y).outputs.shape == (4, x.shape[1], task.num_outputs)

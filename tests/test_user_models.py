@@ -255,7 +255,11 @@ def test_every_layer_stack_engine_trains_a_users_sequential_through_the_trainer(
     (lambda nn: nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)),
      "one activation class throughout, found ReLU, Tanh"),
     (lambda nn: nn.Sequential(nn.Conv1d(1, 1, 3), nn.Tanh(), nn.Linear(4, 2)),
-     "sequential[0] is a Conv1d where an nn.Linear is expected"),
+     "sequential[0] is a Conv1d where an nn.Linear or nn.Conv2d is expected"),
+    (lambda nn: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh(), nn.Conv2d(2, 2, 3)),
+     "the last layer is an nn.Conv2d; end with [Flatten], Linear"),
+    (lambda nn: nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="circular"), nn.Tanh(), nn.Flatten(),
+                              nn.Linear(2, 2)), "pads with 'circular'"),
     (lambda nn: nn.Linear(4, 2), "layer_stack needs an nn.Sequential, got Linear"),
 ])
 def test_a_sequential_that_is_not_a_layer_stack_is_refused_in_one_line(build, expected):

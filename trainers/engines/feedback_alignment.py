@@ -1,26 +1,42 @@
 """Feedback alignment (FA) and direct feedback alignment (DFA): backprop's error
 path with fixed random matrices in place of the transposed forward weights.
 
-On a layer stack (``trainers.protocols.LayerStack``) of ``nn.Linear`` layers,
-``a_l = W_l h_{l-1} + b_l``, ``h_l = act(drop_l(a_l))``, ``y = W_L h_{L-1} + b_L``,
-with ``e = dloss/dy`` per sample (``softmax(y) - onehot`` for cross-entropy):
+On a layer stack (``trainers.protocols.LayerStack``), ``a_l = A_l h_{l-1} + b_l``,
+``h_l = act(drop_l(a_l))``, ``y = A_L h_{L-1} + b_L``, with ``e = dloss/dy`` per
+sample (``softmax(y) - onehot`` for cross-entropy):
 
     delta_L = e
     FA  (Lillicrap et al., Nat. Commun. 2016):  delta_l = (B_{l+1}^T delta_{l+1}) * dh_l/da_l
     DFA (Nøkland, NeurIPS 2016):                delta_l = (D_l^T e) * dh_l/da_l
     G_l = (1/B) sum_batch delta_l h_{l-1}^T,   G_{b_l} = (1/B) sum_batch delta_l
 
-``B_l`` has the shape of ``W_l`` (backprop is FA with ``B_l = W_l``); ``D_l`` is
-``d_L x d_l`` (with one hidden layer, DFA with ``D_1 = W_2`` is backprop).
-``dh_l/da_l`` (activation and dropout mask) is one local autograd call per layer;
-nothing is differentiated through the network. The matrices are drawn once, at
-the first step, from the engine's own generator (``feedback_seed``):
+``B_l`` is a fixed random map of the kind and shape of ``A_l`` (backprop is FA
+with ``B_l = A_l``), applied as ``A_l``'s adjoint would be:
+
+* ``nn.Linear`` (or a layer wrapping one as ``.linear``): a matrix shaped like
+  ``W_l``, ``B^T v = v B``;
+* ``nn.Conv2d`` (zero padding): a kernel shaped like the layer's,
+  ``B^T v = conv_transpose2d(v, B)`` with the layer's stride, padding, dilation
+  and groups (``torch.nn.grad.conv2d_input``), as BioTorch's FA convolution;
+* a linear module with an ``adjoint`` and one ``weight`` (the zoo's orthogonal
+  convolutions): a fixed copy of the module with a random ``weight``, whose
+  adjoint is applied (a random orthogonal convolution).
+
+``D_l`` is a ``d_L x (features of a_l)`` matrix: the output error projected to
+each hidden layer's output shape, convolutional or dense (with one hidden
+layer, DFA with ``D_1 = W_2`` is backprop). ``dh_l/da_l`` (activation and
+dropout mask) is one local autograd call per layer; the weight gradients of a
+convolution are one local VJP (``write_layer_grads``); nothing is
+differentiated through the network. The random tensors are drawn once, at the
+first step, from the engine's own generator (``feedback_seed``):
 ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with the fan-in of the map they replace
-(``W_l``'s input width for FA, ``d_L`` for DFA), never trained, and saved in
-checkpoints. These are the usual baselines of forward-learning papers (the FOTON
-paper's results table reports both beside PEPITA).
+(FA: ``A_l``'s, i.e. the input width or ``C_in k^2``; DFA: ``d_L``), never
+trained, and saved in checkpoints. These are the usual baselines of
+forward-learning papers (the FOTON paper's results table reports both beside
+PEPITA).
 """
 
+import copy
 import dataclasses
 import math
 
@@ -37,6 +53,34 @@ from trainers.registry import register_engine
 __all__ = ["FeedbackAlignment", "DirectFeedbackAlignment"]
 
 
+_ZOO = "mlp, ortho_lenet, ortho_convnet"
+
+
+def _kernel(layer: nn.Module) -> tuple[str, nn.Parameter] | None:
+    """The one ``weight`` of a linear module with an adjoint (the zoo's orthogonal convolutions), by name."""
+    weights = [(n, p) for n, p in layer.named_parameters() if n.rsplit(".", 1)[-1] == "weight"]
+    return weights[0] if hasattr(layer, "adjoint") and len(weights) == 1 else None
+
+
+def feedback_kind(layer: nn.Module) -> str | None:
+    """How FA's random feedback replaces ``layer``'s adjoint: dense, conv, adjoint (module docstring), or None."""
+    if linear_part(layer) is not None:
+        return "dense"
+    if isinstance(layer, nn.Conv2d) and layer.padding_mode == "zeros":
+        return "conv"
+    return "adjoint" if _kernel(layer) is not None else None
+
+
+def _forward_tensor(layer: nn.Module) -> torch.Tensor:
+    """The tensor FA's feedback takes the shape (and fan-in) of: W, the kernel, the module's weight."""
+    kind = feedback_kind(layer)
+    if kind == "dense":
+        return linear_part(layer).weight
+    if kind == "conv":
+        return layer.weight
+    return _kernel(layer)[1]
+
+
 class _RandomFeedback(GradientEngine):
     """The pass shared by FA and DFA; subclasses give the feedback shapes and the projection."""
 
@@ -51,30 +95,35 @@ class _RandomFeedback(GradientEngine):
         self.feedback: list[torch.Tensor] | None = None  # drawn at the first step
 
     def check(self, model: nn.Module) -> None:
-        require(model, LayerStack, self.name, "a layer stack h_l = act(W_l h_{l-1} + b_l) of nn.Linear layers",
-                "mlp")
-        others = [type(layer).__name__ for layer in model.layers if linear_part(layer) is None]
+        require(model, LayerStack, self.name, "a layer stack h_l = act(A_l h_{l-1} + b_l) of nn.Linear or nn.Conv2d "
+                "layers", _ZOO)
+        others = [type(layer).__name__ for layer in model.layers if feedback_kind(layer) is None]
         if others:
-            raise IncompatibleModelError(f"trainer '{self.name}' needs nn.Linear layers (random feedback matrices "
-                                         f"replace their transposes); {type(model).__name__} has {others[0]} "
-                                         f"(zoo models that qualify: mlp)")
+            raise IncompatibleModelError(f"trainer '{self.name}' needs nn.Linear or zero-padded nn.Conv2d layers (or "
+                                         f"linear maps with an adjoint and one weight): random feedback replaces "
+                                         f"their transposes; {type(model).__name__} has {others[0]} (zoo models that "
+                                         f"qualify: {_ZOO})")
 
-    def feedback_shapes(self, weights: list[torch.Size]) -> list[tuple[tuple[int, int], int]]:
-        """(shape, fan-in) of each feedback matrix, from the shapes of W_1 .. W_L."""
+    def feedback_shapes(self, layers: list[nn.Module], hidden: list[torch.Size],
+                        outputs: int) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, fan-in) of each random tensor, from the layers, the hidden output shapes and d_L."""
         raise NotImplementedError
 
-    def project(self, hidden: int, delta_above: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """The error reaching hidden layer ``hidden`` (0-based) before its activation's derivative."""
+    def project(self, hidden: int, delta_above: torch.Tensor, e: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """The error reaching hidden layer ``hidden`` (0-based), of ``shape`` (its output's, with the batch),
+        before its activation's derivative."""
         raise NotImplementedError
 
-    def _draw(self, model: nn.Module, like: torch.Tensor) -> None:
-        """The feedback matrices on ``like``'s device and dtype: loaded, or drawn (the first step)."""
-        shapes = self.feedback_shapes([linear_part(layer).weight.shape for layer in model.layers])
+    def _draw(self, model: nn.Module, e: torch.Tensor, hidden: list[torch.Size]) -> None:
+        """The feedback tensors on ``e``'s device and dtype: loaded, or drawn (the first step)."""
+        self._layers = list(model.layers)
+        shapes = self.feedback_shapes(self._layers, hidden, e.shape[1])
         if self.feedback is not None and [tuple(f.shape) for f in self.feedback] == [s for s, _ in shapes]:
-            self.feedback = [f.to(like) for f in self.feedback]
+            if any(f.dtype != e.dtype or f.device != e.device for f in self.feedback):
+                self.feedback = [f.to(e) for f in self.feedback]
             return
         gen = torch.Generator().manual_seed(self.options.feedback_seed)
-        self.feedback = [((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)).to(like)
+        self.feedback = [((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)).to(e)
                          for shape, fan_in in shapes]
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
@@ -95,11 +144,11 @@ class _RandomFeedback(GradientEngine):
         with torch.no_grad():
             y = layers[-1](h)
         e = output_error(y, targets, loss_fn)  # (B, d_L)
-        self._draw(model, e)
+        self._draw(model, e, [a.shape[1:] for a in pre])
         write_layer_grads(layers[-1], hs[-1], e, batch)
         delta = e
         for i in reversed(range(len(layers) - 1)):
-            (delta,) = torch.autograd.grad(post[i], pre[i], self.project(i, delta, e))  # * dh_i/da_i
+            (delta,) = torch.autograd.grad(post[i], pre[i], self.project(i, delta, e, pre[i].shape))  # * dh_i/da_i
             write_layer_grads(layers[i], hs[i], delta, batch)
         with torch.no_grad():
             loss = loss_fn(y, targets)
@@ -114,21 +163,43 @@ class _RandomFeedback(GradientEngine):
 
 @register_engine("fa")
 class FeedbackAlignment(_RandomFeedback):
-    """FA (module docstring): delta_l = (B_{l+1}^T delta_{l+1}) * dh_l/da_l, B_l the shape of W_l."""
+    """FA (module docstring): delta_l = (B_{l+1}^T delta_{l+1}) * dh_l/da_l, B_l of the kind and shape of A_l."""
 
-    def feedback_shapes(self, weights):
-        return [((w[0], w[1]), w[1]) for w in weights[1:]]  # B_2 .. B_L, each the shape of its W
+    def __init__(self, **options):
+        super().__init__(**options)
+        self._twins: dict[int, nn.Module] = {}  # fixed random copies of adjoint modules, made from the feedback
 
-    def project(self, hidden, delta_above, e):
-        return delta_above @ self.feedback[hidden]  # (B, d_{l+1}) @ (d_{l+1}, d_l), as backprop's delta @ W
+    def feedback_shapes(self, layers, hidden, outputs):
+        tensors = [_forward_tensor(layer) for layer in layers[1:]]  # B_2 .. B_L
+        return [(tuple(t.shape), t[0].numel()) for t in tensors]
+
+    def project(self, hidden, delta_above, e, shape):
+        layer, B = self._layers[hidden + 1], self.feedback[hidden]
+        kind = feedback_kind(layer)
+        if kind == "dense":  # (B, d_{l+1}) @ (d_{l+1}, d_l), as backprop's delta @ W
+            return (delta_above.reshape(len(delta_above), -1) @ B).reshape(shape)
+        if kind == "conv":  # the transposed convolution with the random kernel
+            return torch.nn.grad.conv2d_input(shape, B, delta_above, layer.stride, layer.padding, layer.dilation,
+                                              layer.groups)
+        return self._twin(hidden, layer, B).adjoint(delta_above)
+
+    def _twin(self, hidden: int, layer: nn.Module, B: torch.Tensor) -> nn.Module:
+        twin = self._twins.get(hidden)
+        if twin is None or _kernel(twin)[1].data_ptr() != B.data_ptr():
+            twin = copy.deepcopy(layer).requires_grad_(False)
+            name, _ = _kernel(twin)
+            owner = twin.get_submodule(name.rpartition(".")[0])
+            owner.weight = nn.Parameter(B, requires_grad=False)  # the twin's own tensor, not the model's
+            self._twins[hidden] = twin
+        return twin
 
 
 @register_engine("dfa")
 class DirectFeedbackAlignment(_RandomFeedback):
-    """DFA (module docstring): delta_l = (D_l^T e) * dh_l/da_l, D_l of shape d_L x d_l."""
+    """DFA (module docstring): delta_l = (D_l^T e) * dh_l/da_l, D_l of shape d_L x (features of a_l)."""
 
-    def feedback_shapes(self, weights):
-        return [((weights[-1][0], w[0]), weights[-1][0]) for w in weights[:-1]]  # D_1 .. D_{L-1}: (d_L, d_l)
+    def feedback_shapes(self, layers, hidden, outputs):
+        return [((outputs, math.prod(shape)), outputs) for shape in hidden]  # D_1 .. D_{L-1}
 
-    def project(self, hidden, delta_above, e):
-        return e @ self.feedback[hidden]  # (B, d_L) @ (d_L, d_l)
+    def project(self, hidden, delta_above, e, shape):
+        return (e @ self.feedback[hidden]).reshape(shape)  # (B, d_L) @ (d_L, features of a_l)
