@@ -7,6 +7,7 @@
 from models import orthogonal
 from models.calling import ModelCall, call_model, declare_call
 from models.cnn import OrthoConvNet, OrthoLeNet
+from models.convnet import ConvNet
 from models.dropout import ConsistentDropout, frozen_masks
 from models.errors import ModelConfigError
 from models.language_model import RecurrentBlockLM, RecurrentLM
@@ -24,6 +25,7 @@ register_model("mlp")(MLP)
 register_model("residual_mlp")(ResidualMLP)
 register_model("ortho_lenet")(OrthoLeNet)
 register_model("ortho_convnet")(OrthoConvNet)
+register_model("convnet")(ConvNet)
 register_model("rnn_lm")(RecurrentLM)
 register_model("rnn_block_lm")(RecurrentBlockLM)
 register_model("resnet")(ResNet)
@@ -34,6 +36,7 @@ __all__ = [
     "ResidualMLP",
     "OrthoLeNet",
     "OrthoConvNet",
+    "ConvNet",
     "RecurrentLM",
     "RecurrentBlockLM",
     "ResNet",

@@ -66,8 +66,8 @@ MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; lar
 
 MODEL_FLAGS = {
     # flag dest: (type, help); only flags the user gives reach the model
-    "depth": (int, "number of layers (mlp), residual blocks (residual_mlp), recurrent layers (rnn_lm, "
-                   "rnn_block_lm), Transformer layers (gpt) or 6n + 2 (resnet)"),
+    "depth": (int, "number of layers (mlp), convolutions (convnet, ortho_convnet), residual blocks (residual_mlp), "
+                   "recurrent layers (rnn_lm, rnn_block_lm), Transformer layers (gpt) or 6n + 2 (resnet)"),
     "width": (str, "hidden width, or a comma list of hidden widths (mlp); stream channels (resnet); d_model (gpt)"),
     "hidden": (int, "branch hidden width (residual_mlp) or recurrent state size (rnn_lm, rnn_block_lm)"),
     "cell": (str, "recurrent cell: rnn, gru, lstm, diagonal (rnn_lm, rnn_block_lm)"),

@@ -33,7 +33,7 @@ __all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHAR
 #: The settings record of a run that used no recipe (``trainers.cli.Setup.settings``).
 SHARED_SETTINGS = {"mode": "shared", "recipe": {}, "overridden": []}
 
-LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet")
+LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet", "convnet")
 RECURRENT = ("rnn_lm", "rnn_block_lm")
 
 DSF_PTB = "DSF authors' PTB-word configs (arXiv 2503.23104, released code)"

@@ -53,7 +53,7 @@ from trainers.registry import register_engine
 __all__ = ["FeedbackAlignment", "DirectFeedbackAlignment"]
 
 
-_ZOO = "mlp, ortho_lenet, ortho_convnet"
+_ZOO = "mlp, convnet, ortho_lenet, ortho_convnet"
 
 
 def _kernel(layer: nn.Module) -> tuple[str, nn.Parameter] | None:
