@@ -191,3 +191,21 @@ def test_a_resumed_comparison_keeps_its_timing_and_budget(tmp_path, monkeypatch)
     assert compare_main([*flags, "--resume"]) == 0
     again = json.loads((tmp_path / "exp" / "comparison.json").read_text())
     assert again["timing"] == first["timing"] and again["lengths"] == first["lengths"]
+
+
+def test_a_run_with_no_validation_before_the_horizon_is_named_not_called_seedless():
+    """Backprop's one evaluation falls after the shortest run's end: the equal-time verdict says so (it said
+    'no seed in common', which both runs had)."""
+    from trainers.compare import verdict_lines
+
+    def run(seed, end_ms, value):
+        return {"report": {"config": {"seed": seed}}, "history": [
+            {"step": 1, "samples": 64, "compute_ms": end_ms / 2},
+            {"step": 2, "samples": 128, "compute_ms": end_ms, "eval/accuracy": value}]}
+
+    results = {"backprop": [run(0, 300.0, 0.9)], "fa": [run(0, 200.0, 0.8)]}
+    lines = verdict_lines(results, "accuracy", "backprop", "compute_ms", "At equal compute time", True)
+    assert lines[1] == ("- **fa**: not compared: no validation of backprop within 0.20 s of compute (evaluate more "
+                        "often, --eval-every)")
+    same = verdict_lines(results, "accuracy", "backprop", "samples", "At equal samples", True)
+    assert "-0.1000 validation accuracy against backprop at equal samples on one seed" in same[1]

@@ -112,6 +112,11 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, k
     for run in results:
         if run != reference:
             exact = is_exact([r["history"] for r in results[run]])
+            missing = [name for name, v in ((reference, ref), (run, values(run))) if not v]
+            if missing and not exact:  # not a lack of common seeds: no evaluation before the horizon
+                lines.append(f"- **{run}**: not compared: no validation of {' or '.join(missing)} within {unit} "
+                             f"(evaluate more often, --eval-every)")
+                continue
             lines.append(verdict_line(run, reference, paired_test(values(run), ref), f"validation {metric}",
                                       higher_better, exact=exact, where=label.lower()))
     return lines
