@@ -81,6 +81,11 @@ def _forward_tensor(layer: nn.Module) -> torch.Tensor:
     return _kernel(layer)[1]
 
 
+def _graph(output: torch.Tensor) -> torch.Tensor | None:
+    """A layer output that carries a graph to its parameters, else None (closed-form layers)."""
+    return output if output.requires_grad else None
+
+
 class _RandomFeedback(GradientEngine):
     """The pass shared by FA and DFA; subclasses give the feedback shapes and the projection."""
 
@@ -131,25 +136,29 @@ class _RandomFeedback(GradientEngine):
         batch = inputs.shape[0]
         with torch.no_grad():
             h = model.input_features(inputs)
-        hs, pre, post = [h], [], []  # h_0 .. h_{L-1}; a_l and h_l of the hidden layers, with a local graph
-        for layer, dropout in zip(layers[:-1], model.dropouts, strict=True):
-            with torch.no_grad():
-                a = layer(h).requires_grad_()
+        # h_0 .. h_{L-1}; a_l and h_l of the hidden layers, with a local graph; each layer's output with its graph
+        # to the layer's parameters where they are not a closed form (convolutions: one VJP, no second forward)
+        hs, pre, post, outs = [h], [], [], []
+        for layer in layers:
+            with torch.set_grad_enabled(linear_part(layer) is None):
+                outs.append(layer(h))
+            if len(outs) == len(layers):
+                break
+            a = outs[-1].detach().requires_grad_()
             with torch.enable_grad():
-                out = model.act(dropout(a))  # masks drawn in layer order, as one backprop forward
+                out = model.act(model.dropouts[len(pre)](a))  # masks drawn in layer order, as one backprop forward
             pre.append(a)
             post.append(out)
             h = out.detach()
             hs.append(h)
-        with torch.no_grad():
-            y = layers[-1](h)
+        y = outs[-1].detach()
         e = output_error(y, targets, loss_fn)  # (B, d_L)
         self._draw(model, e, [a.shape[1:] for a in pre])
-        write_layer_grads(layers[-1], hs[-1], e, batch)
+        write_layer_grads(layers[-1], hs[-1], e, batch, output=_graph(outs[-1]))
         delta = e
         for i in reversed(range(len(layers) - 1)):
             (delta,) = torch.autograd.grad(post[i], pre[i], self.project(i, delta, e, pre[i].shape))  # * dh_i/da_i
-            write_layer_grads(layers[i], hs[i], delta, batch)
+            write_layer_grads(layers[i], hs[i], delta, batch, output=_graph(outs[i]))
         with torch.no_grad():
             loss = loss_fn(y, targets)
         return StepOutput(loss=loss.detach(), outputs=y.detach())

@@ -111,7 +111,8 @@ def output_error(y, targets, loss_fn, temperature: float = 1.0) -> torch.Tensor:
     return grad * (y.shape[0] / temperature)
 
 
-def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: float = 1.0) -> None:
+def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: float = 1.0,
+                      output: torch.Tensor | None = None) -> None:
     """Overwrite the grads of ``layer``'s parameters with (scale/B) sum delta presynaptic^T.
 
     ``nn.Linear`` (or a layer wrapping one as ``.linear``): closed form, one GEMM with
@@ -119,7 +120,8 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
     as much as the product at width 1024), then routed into the trainable tensor
     (``route_weight_grad``). Other linear layers: one local VJP of
     <delta, layer(presynaptic)> scale/B with respect to the layer's own parameters
-    (its bias gets scale sum(delta) / B the same way).
+    (its bias gets scale sum(delta) / B the same way); ``output``: ``layer(presynaptic)`` already
+    computed with a graph to the parameters, which then is not recomputed.
     """
     alpha = scale / batch
     linear = linear_part(layer)
@@ -137,7 +139,7 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
         return
     params = [p for p in layer.parameters() if p.requires_grad]
     with torch.enable_grad():
-        out = layer(presynaptic.detach())
+        out = layer(presynaptic.detach()) if output is None else output
         grads = torch.autograd.grad(out, params, grad_outputs=delta * alpha, allow_unused=True)
     write_grads(params, grads)
 
