@@ -224,14 +224,14 @@ def test_random_feedback_on_a_cnn_has_the_layers_shapes_and_trains_through_the_t
     assert trainer.evaluate()["loss"] < before
 
 
-def test_the_zoo_convnet_is_a_layer_stack_fa_dfa_and_pepita_train_and_foton_refuses(tmp_path, capsys):
-    from trainers.cli import compare_main
+def test_the_zoo_convnet_is_a_layer_stack_fa_dfa_pepita_and_backprop_take_and_foton_refuses():
+    from trainers.compare import compatible
+    from trainers.registry import available
 
     model = models.build("convnet", in_features=64, out_features=10)
     assert [type(layer).__name__ for layer in model.layers] == ["Conv2d", "Conv2d", "FlattenedLinear"]
     x = torch.randn(3, 64)
     torch.testing.assert_close(model(x), model(x.reshape(3, 1, 8, 8)))
-    assert compare_main(["--model", "convnet", "--steps", "3", "--seeds", "0", "--logdir", str(tmp_path),
-                         "--progress", "false"]) == 0
-    runs = sorted(p.name for p in (tmp_path / "compare-digits").iterdir() if p.is_dir())
-    assert runs == ["backprop", "dfa", "fa", "pepita"], runs
+    assert [name for name in available() if compatible(name, model)] == ["backprop", "dfa", "fa", "pepita"]
+    with pytest.raises(trainers.IncompatibleModelError, match="needs orthogonal hidden layers"):
+        trainers.build_engine("foton").check(model)

@@ -1,16 +1,23 @@
 """Figures: loss, metric and gradient cosine against samples (or steps) and compute time; a final metric against
 runs."""
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 __all__ = ["plot_comparison", "plot_runs", "layer_grid"]
 
 
 AXES = {"step": ("step", 1.0), "samples": ("training samples seen", 1.0), "compute_ms": ("compute time (s)", 1e-3)}
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file backend, imported on first use: every command imports this module, and
+    pyplot costs 0.2 s of each process's start, paid only by a command that draws."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _axis(histories: list[list[dict]]) -> str:
@@ -98,6 +105,7 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, t
     layered = {t: (c, layer_grid(runs, "grad/norm_ratio/", axis)) for t, runs in histories.items()
                if (c := layer_grid(runs, axis=axis)) is not None and not np.allclose(c[2], 1.0, atol=1e-6)}
     rows = 1 + timed + len(layered)
+    plt = _pyplot()
     fig = plt.figure(figsize=(15, 4 * rows + (0.45 if title else 0)))
     grid = fig.add_gridspec(rows, 6)
     for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss", "loss (log scale)"),
@@ -136,6 +144,7 @@ def plot_runs(cells: dict[tuple[str, str], list[float]], experiments: list[str],
     backprop, highway-k0 .. highway-k8) as mean over seeds with min..max bars and the seeds as dots.
 
     ``cells[(experiment, run)]`` holds one value per seed; missing cells are skipped."""
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(experiments), figsize=(5 * len(experiments), 4), squeeze=False)
     for ax, exp in zip(axes[0], experiments, strict=True):
         for x, run in enumerate(runs):
