@@ -4,7 +4,7 @@
                          width=64, activation="tanh", orthogonal="bjorck")
 """
 
-from models import orthogonal
+from models import orthogonal, retraction
 from models.calling import ModelCall, call_model, declare_call
 from models.cnn import OrthoConvNet, OrthoLeNet
 from models.convnet import ConvNet
@@ -51,6 +51,7 @@ __all__ = [
     "build",
     "frozen_masks",
     "orthogonal",
+    "retraction",
     "register_model",
     "takes_option",
     "layer_stack",

@@ -1,6 +1,6 @@
 """Orthogonal CNNs: layer stacks of orthogonal convolutions (``ortho_lenet``, ``ortho_convnet``).
 
-Same equations and protocol as ``models.mlp`` (``trainers.protocols.LayerStack``):
+Same equations and protocol as ``models.mlp`` (``trainers.core.protocols.LayerStack``):
 
     h_0 = input_features(x)                  (B, features) or (B, C, H, W) -> (B, *in_shape)
     h_l = act(drop(A_l h_{l-1} + b_l))       l = 1 .. L-1

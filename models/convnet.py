@@ -8,7 +8,7 @@ usually run on (BioTorch's setting), for FA, DFA, PEPITA and backprop.
     y   = W flatten(h_depth) + b
 
 digits (1, 8, 8): (16, 8, 8) -> (16, 4, 4) -> 10. It is ``models.layer_stack`` of that
-``nn.Sequential`` (``trainers.protocols.LayerStack``), so its parameters are named
+``nn.Sequential`` (``trainers.core.protocols.LayerStack``), so its parameters are named
 ``sequential.<i>.weight``; inputs, flat or shaped, are read as the image. Not
 orthogonal: FOTON refuses it (``ortho_lenet`` and ``ortho_convnet`` are the
 zoo's orthogonal CNNs).

@@ -9,7 +9,7 @@ Dropout sits before the activation, as in the FOTON paper's code, and is a
 The hidden weights W_1 .. W_{L-1} can be made orthogonal (``models.orthogonal``);
 the output layer stays free unless ``orthogonal_output``.
 
-Layer-stack protocol (``trainers.protocols.LayerStack``): ``layers`` (the L
+Layer-stack protocol (``trainers.core.protocols.LayerStack``): ``layers`` (the L
 linear maps, in order), ``act`` (the activation module), ``dropouts`` (one
 per hidden layer, so frozen masks differ between layers) and
 ``input_features(x) -> h_0`` (here: flatten).

@@ -1,6 +1,6 @@
 """Recurrent layers with a fused whole-sequence forward and a time-parallel one-step cell.
 
-Every layer here has the same interface (``trainers.protocols.RecurrentLayer`` and more):
+Every layer here has the same interface (``trainers.core.protocols.RecurrentLayer`` and more):
 
 * ``state_size``: d for ``TanhRNN``, ``GRU`` and ``DiagonalLinearRNN``; 2d for ``LSTM``,
   whose state is ``[h; c]`` concatenated on the last dim (h first).

@@ -13,7 +13,7 @@ single-layer fused module holds the user's own Parameter objects
 state_dict keys are the user's. The user's module keeps its place and its
 forward's contract (``output, h_n`` or ``output, (h_n, c_n)``, the same values);
 its forward now runs the layer views one after the other, so an engine that
-swaps a view's forward (``trainers.protocols.recurrent_forwards``) acts inside
+swaps a view's forward (``trainers.core.protocols.recurrent_forwards``) acts inside
 the user's own forward. The views, bottom to top in module order, are the
 model's ``recurrent_layers``. Under an engine's swap the LSTM's ``c_n`` is
 returned without a gradient (the engine's layer forward yields the h's; a loss

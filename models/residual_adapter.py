@@ -10,7 +10,7 @@ residual stack, the structure Highway-BP works on, without rewriting it.
     trainers.build_engine("highway", k=2).compute_grads(stack, idx, targets, loss_fn)
 
 A residual stack is ``h_0 = stem(x)``, ``h_i = combine_i(h_{i-1}, branch_i(h_{i-1}))``,
-``y = head(h_L)`` (``trainers.protocols.ResidualStack``). Each entry of ``blocks`` is
+``y = head(h_L)`` (``trainers.core.protocols.ResidualStack``). Each entry of ``blocks`` is
 one residual sublayer ``h + fn(norm(h))``: a module ``fn`` or a pair ``(norm, fn)``
 of the user's modules (a nanoGPT Block is two of them: attention and MLP).
 ``gamma`` is Highway-BP's split of the residual (the paper's App. G):

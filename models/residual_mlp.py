@@ -6,7 +6,7 @@
     y   = W_out act(h_L) + b_out                head
 
 The residual Jacobian is K_i = dr/dh = I (Highway-BP paper, Table 1,
-pre-activation row). Residual-stack protocol (``trainers.protocols.ResidualStack``):
+pre-activation row). Residual-stack protocol (``trainers.core.protocols.ResidualStack``):
 ``stem``, ``blocks`` (each with ``branch(h)`` and ``combine(h, z)``), ``head``.
 """
 

@@ -10,7 +10,7 @@ def run(command: str) -> None:
     """Run ``trainers.cli.COMMANDS[command]`` on ``sys.argv[1:]`` and exit with its status."""
     try:
         from trainers.cli import COMMANDS
-        from trainers.distributed import exit_process
+        from trainers.core.distributed import exit_process
     except KeyboardInterrupt:
         print("error: interrupted while starting", file=sys.stderr)
         sys.exit(130)

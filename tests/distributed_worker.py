@@ -8,8 +8,8 @@ import copy
 import torch
 from torch import nn
 
-from trainers.distributed import DataParallel, exit_process, init_distributed, mean_over_ranks
-from trainers.errors import DistributedError
+from trainers.core.distributed import DataParallel, exit_process, init_distributed, mean_over_ranks
+from trainers.core.errors import DistributedError
 
 here = init_distributed("gloo", timeout_s=30)
 assert here.active and here.world_size == 2, here

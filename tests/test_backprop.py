@@ -7,7 +7,7 @@ from engine_contract import EngineContract, toy_batch
 import models
 import trainers
 from tasks.base import cross_entropy_loss
-from trainers.engine import GradientEngine, trainable_parameters, write_grads
+from trainers.core.engine import GradientEngine, trainable_parameters, write_grads
 from trainers.engines.backprop import Backprop
 
 

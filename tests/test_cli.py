@@ -12,11 +12,11 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import trainers
 from trainers.cli import compare_main, train_main
-from trainers.compare import collect_results, pivot_cells, pivot_table
-from trainers.engine import GradientEngine
-from trainers.plots import plot_runs
-from trainers.protocols import LayerStack, require
-from trainers.registry import _ENGINES
+from trainers.core.engine import GradientEngine
+from trainers.core.protocols import LayerStack, require
+from trainers.core.registry import _ENGINES
+from trainers.experiments.compare import collect_results, pivot_cells, pivot_table
+from trainers.experiments.plots import plot_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

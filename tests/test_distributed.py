@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT
 
 from trainers.cli import compare_main, train_main
-from trainers.distributed import DataParallel, _buckets
+from trainers.core.distributed import DataParallel, _buckets
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 

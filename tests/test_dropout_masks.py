@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import models
 from tasks.base import cross_entropy_loss
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 from trainers.engines.foton import Foton
 from trainers.engines.pepita import Pepita
 

@@ -11,7 +11,7 @@ import tasks
 import trainers
 from tasks.base import sequence_cross_entropy
 from trainers.cli import train_main
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 
 B, T, D_IN, CLASSES = 3, 9, 2, 4
 SHAPES = ["rnn_lm", "rnn_block_lm"]

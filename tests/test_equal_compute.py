@@ -6,12 +6,12 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import trainers.step_timing
-from trainers.budget import budget_steps, reference_trainer
+import trainers.experiments.step_timing
 from trainers.cli import compare_main
-from trainers.errors import ConfigError
-from trainers.logger import read_metrics
-from trainers.trainer import Trainer
+from trainers.core.errors import ConfigError
+from trainers.experiments.budget import budget_steps, reference_trainer
+from trainers.run.logger import read_metrics
+from trainers.run.trainer import Trainer
 
 SMALL = ["--task", "digits", "--model", "mlp", "--orthogonal", "bjorck", "--depth", "2", "--width", "8",
          "--progress", "false", "--experiment", "exp", "--grad-agreement-every", "5", "--timing-rounds", "5"]
@@ -72,7 +72,7 @@ def test_comparison_timing_survives_a_burst_on_a_fake_clock(monkeypatch):
     clock = FakeClock({"backprop": 2e-3, "foton": 1e-3, "fa": 3e-3})
     monkeypatch.setattr(Trainer, "_train_step", lambda self, x, y: clock.step(self.engine.name))
     setups = _setups(["foton", "backprop", "fa"])
-    timing = trainers.step_timing.time_steps(setups, "backprop", rounds=20, warmup=1, clock=clock)
+    timing = trainers.experiments.step_timing.time_steps(setups, "backprop", rounds=20, warmup=1, clock=clock)
     t = timing["trainers"]
     assert list(t) == ["backprop", "foton", "fa"]  # the reference first
     assert t["foton"]["ratio"] == pytest.approx(0.5) and t["fa"]["ratio"] == pytest.approx(1.5)
@@ -117,7 +117,7 @@ def fake_timing(monkeypatch):
                 "trainers": {t: {"step_ms": 2.0 * ratios[t], "ratio": ratios[t], "ratio_min": ratios[t],
                                  "ratio_max": ratios[t], "ms_min": 0.0, "ms_max": 1e9,
                                  "batch_size": s.config.batch_size, "peak_mb": 1.0} for t, s in setups.items()}}
-    monkeypatch.setattr("trainers.compare.time_steps", fake)
+    monkeypatch.setattr("trainers.experiments.compare.time_steps", fake)
 
 
 @pytest.mark.parametrize("budget", ["samples", "steps", "time"])
@@ -187,7 +187,7 @@ def test_a_resumed_comparison_keeps_its_timing_and_budget(tmp_path, monkeypatch)
     def fail(*args, **kwargs):
         raise AssertionError("a resume must not time again")
 
-    monkeypatch.setattr("trainers.compare.time_steps", fail)
+    monkeypatch.setattr("trainers.experiments.compare.time_steps", fail)
     assert compare_main([*flags, "--resume"]) == 0
     again = json.loads((tmp_path / "exp" / "comparison.json").read_text())
     assert again["timing"] == first["timing"] and again["lengths"] == first["lengths"]
@@ -196,7 +196,7 @@ def test_a_resumed_comparison_keeps_its_timing_and_budget(tmp_path, monkeypatch)
 def test_a_run_with_no_validation_before_the_horizon_is_named_not_called_seedless():
     """Backprop's one evaluation falls after the shortest run's end: the equal-time verdict says so (it said
     'no seed in common', which both runs had)."""
-    from trainers.compare import verdict_lines
+    from trainers.experiments.compare import verdict_lines
 
     def run(seed, end_ms, value):
         return {"report": {"config": {"seed": seed}}, "history": [

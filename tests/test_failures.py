@@ -16,9 +16,9 @@ import trainers
 from trainers import checkpoint
 from trainers import trainer as trainer_module
 from trainers.cli import base_parser, train_main
-from trainers.errors import ConfigError, DataError, RunBusyError
-from trainers.logger import read_metrics
-from trainers.rundir import RunDirectory
+from trainers.core.errors import ConfigError, DataError, RunBusyError
+from trainers.run.logger import read_metrics
+from trainers.run.rundir import RunDirectory
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -352,7 +352,7 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_without_running_it(finished
     crafted = checkpoint.load_checkpoint(rdir / "checkpoint.pt")
     crafted["engine"] = Payload(f"touch {marker}")
     torch.save(crafted, rdir / "checkpoint.pt")
-    with pytest.raises(trainers.errors.UnsafeCheckpointError):
+    with pytest.raises(trainers.core.errors.UnsafeCheckpointError):
         checkpoint.load_checkpoint(rdir / "checkpoint.pt")
     before = snapshot(finished)
     proc = subprocess.run([*TRAIN, *TINY, "--steps", "8", "--logdir", str(finished), "--resume"],
@@ -555,7 +555,7 @@ def test_a_changed_learning_rate_follows_the_schedule_from_the_resumed_step(tmp_
     """Cosine schedule: after a resume with a new peak rate, the rate is the new peak times the schedule's
     factor at the same step (the schedule's position comes from the checkpoint)."""
     import models
-    from trainers.optim import WarmupCosine
+    from trainers.run.optim import WarmupCosine
 
     task = trainers_task()
 

@@ -8,7 +8,7 @@ from engine_contract import EngineContract
 import models
 import trainers
 from tasks.base import cross_entropy_loss
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 
 
 class TestFAContract(EngineContract):
@@ -225,8 +225,8 @@ def test_random_feedback_on_a_cnn_has_the_layers_shapes_and_trains_through_the_t
 
 
 def test_the_zoo_convnet_is_a_layer_stack_fa_dfa_pepita_and_backprop_take_and_foton_refuses():
-    from trainers.compare import compatible
-    from trainers.registry import available
+    from trainers.core.registry import available
+    from trainers.experiments.compare import compatible
 
     model = models.build("convnet", in_features=64, out_features=10)
     assert [type(layer).__name__ for layer in model.layers] == ["Conv2d", "Conv2d", "FlattenedLinear"]

@@ -9,7 +9,7 @@ import models
 import tasks
 import trainers
 from tasks.base import cross_entropy_loss
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 from trainers.engines.backprop import Backprop
 from trainers.engines.foton import Foton
 

@@ -255,7 +255,7 @@ def capture_w(engine):
 
 def true_state_grads(model, x, y):
     """dL/ds_t of a 1-layer rnn_lm by BPTT through the cell in a loop: (B, T, state)."""
-    from trainers.protocols import recurrent_forwards
+    from trainers.core.protocols import recurrent_forwards
 
     states = []
 

@@ -19,7 +19,7 @@ import models
 import trainers
 from models.calling import call_model
 from tasks.base import sequence_cross_entropy
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 
 V, E, H, T, B = 9, 5, 4, 6, 3
 

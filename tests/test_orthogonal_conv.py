@@ -15,8 +15,8 @@ from models.cnn import OrthoConvNet, OrthoLeNet, infer_image_shape
 from models.errors import ModelConfigError
 from models.orthogonal import orthogonal_method, orthogonality_error
 from models.orthogonal_conv import FlattenLinear, OrthoConvBlock, OrthogonalConv2d, SpaceToDepth
+from trainers.core.protocols import LayerStack
 from trainers.engines.backprop import Backprop
-from trainers.protocols import LayerStack
 
 TOL64 = 1e-12
 TOL32 = 1e-5

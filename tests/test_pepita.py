@@ -10,7 +10,7 @@ import models
 import tasks
 import trainers
 from tasks.base import cross_entropy_loss
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 from trainers.engines.pepita import Pepita
 
 

@@ -14,13 +14,13 @@ import models
 import tasks
 import trainers
 from trainers.cli import train_main
-from trainers.config import TrainConfig
+from trainers.core.errors import ConfigError
+from trainers.core.options import parse_options
 from trainers.engines.backprop import Backprop
-from trainers.errors import ConfigError
-from trainers.logger import read_metrics
-from trainers.options import parse_options
-from trainers.progress import Progress
-from trainers.trainer import eval_subset
+from trainers.run.config import TrainConfig
+from trainers.run.logger import read_metrics
+from trainers.run.progress import Progress
+from trainers.run.trainer import eval_subset
 
 ROOT = Path(__file__).resolve().parents[1]
 STATUS = re.compile(r"^\[backprop seed 0\] step (\d+)/(\d+) \([\d.]+%\)  loss \d+\.\d{4}  ([\d.]+) steps/s  "

@@ -1,4 +1,4 @@
-"""Recipes (trainers/recipes.py): every trainer's published settings, applied by compare.py by
+"""Recipes (trainers/experiments/recipes.py): every trainer's published settings, applied by compare.py by
 default, overridden by flags, recorded per run and shown in summary.md."""
 
 import dataclasses
@@ -7,11 +7,11 @@ import json
 import pytest
 
 from trainers.cli import DEFAULT_COMPARISON, compare_main, train_main
-from trainers.compare import failure_notes, settings_table
-from trainers.config import TrainConfig
-from trainers.options import parse_options
-from trainers.recipes import RECIPES, recipe_for
-from trainers.registry import engine_class
+from trainers.core.options import parse_options
+from trainers.core.registry import engine_class
+from trainers.experiments.compare import failure_notes, settings_table
+from trainers.experiments.recipes import RECIPES, recipe_for
+from trainers.run.config import TrainConfig
 
 QUICK = ["--steps", "4", "--eval-every", "2", "--seeds", "0", "--grad-agreement-every", "0", "--progress", "false"]
 
@@ -121,8 +121,8 @@ def test_settings_table_lists_engine_options_and_sources():
 def test_a_diverging_trainer_is_recorded_and_the_others_finish(tmp_path, capsys):
     """One trainer's NaN loss does not end the comparison: the others finish, summary.md says
     which run stopped and why, and compare.py exits 1 with one line."""
+    from trainers.core.registry import _ENGINES, register_engine
     from trainers.engines.backprop import Backprop
-    from trainers.registry import _ENGINES, register_engine
 
     @register_engine("explodes")
     class Explodes(Backprop):

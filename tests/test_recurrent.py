@@ -14,7 +14,7 @@ import trainers
 from models import ModelConfigError
 from models.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN
 from models.scan import forward_scan
-from trainers.protocols import RecurrentLayer
+from trainers.core.protocols import RecurrentLayer
 
 B, T, D_IN, D = 3, 7, 5, 6
 LAYERS = [TanhRNN, GRU, LSTM, DiagonalLinearRNN]

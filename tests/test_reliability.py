@@ -194,7 +194,7 @@ def _craft(state: dict, damage: str, path) -> None:
 @pytest.mark.parametrize("damage", ["a text step", "a negative step", "garbage rng", "no config",
                                     "an empty optimizer state", "a directory", "a FIFO", "a raw pickle"])
 def test_a_damaged_checkpoint_is_one_line_and_nothing_trains(tmp_path, capsys, damage):
-    from trainers.checkpoint import load_checkpoint
+    from trainers.run.checkpoint import load_checkpoint
 
     flags = [*QUICK[:4], "--progress", "false", "--logdir", str(tmp_path)]
     assert train_main([*flags, "--steps", "2", "--checkpoint-every", "1"]) == 0
@@ -359,7 +359,7 @@ def test_the_python_api_raises_the_projects_named_errors():
     from models.errors import ModelConfigError
     from tasks.base import cross_entropy_loss
     from tasks.errors import TaskConfigError
-    from trainers.errors import ConfigError, IncompatibleModelError
+    from trainers.core.errors import ConfigError, IncompatibleModelError
 
     task = tasks.build("teacher", in_features=8, num_classes=3, n_train=32, n_val=16, n_test=16, hidden=8)
     model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
@@ -402,7 +402,7 @@ def test_an_error_line_is_written_whole(monkeypatch):
     import io
 
     from trainers.cli import run_cli
-    from trainers.errors import ConfigError
+    from trainers.core.errors import ConfigError
 
     writes = []
 

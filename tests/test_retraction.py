@@ -11,6 +11,7 @@ from torch import nn
 import models
 import tasks
 import trainers
+from models.errors import ModelConfigError
 from models.orthogonal import (
     cayley_retract,
     cayley_retract_lowrank,
@@ -19,9 +20,9 @@ from models.orthogonal import (
     orthogonality_error,
     polar,
 )
+from models.retraction import CayleyRetraction
 from trainers.cli import bench_main, train_main
-from trainers.errors import ConfigError
-from trainers.retraction import CayleyRetraction
+from trainers.core.errors import ConfigError
 
 F64 = torch.float64
 SHAPES = {"square": (24, 24), "wide": (16, 24), "tall": (24, 16)}  # (out, in)
@@ -287,7 +288,7 @@ def test_the_step_refuses_an_optimizer_whose_step_is_not_plain_sgd(optimizer):
     retraction = CayleyRetraction(model)
     with retraction.recording():
         F.cross_entropy(model(x), y).backward()
-    with pytest.raises(ConfigError, match="orthogonal=retraction takes plain SGD steps"):
+    with pytest.raises(ModelConfigError, match="orthogonal=retraction takes plain SGD steps"):
         retraction.step(optimizer(model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
@@ -334,12 +335,12 @@ def test_the_readme_loop_runs_as_written():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = textwrap.dedent(re.search(r"```python\n(\s*retraction = trainers\.retraction.*?)```", readme, re.S).group(1))
+    code = textwrap.dedent(re.search(r"```python\n(\s*retraction = models\.retraction.*?)```", readme, re.S).group(1))
     model = mlp()
     x, y = batch()
     before = [p.detach().clone() for p in model.parameters()]
-    scope = {"trainers": trainers, "model": model, "engine": trainers.build_engine("foton"), "x": x, "y": y,
-             "loss_fn": F.cross_entropy, "optimizer": torch.optim.SGD(model.parameters(), lr=0.3)}
+    scope = {"trainers": trainers, "models": models, "model": model, "engine": trainers.build_engine("foton"), "x": x,
+             "y": y, "loss_fn": F.cross_entropy, "optimizer": torch.optim.SGD(model.parameters(), lr=0.3)}
     exec(code, scope)
     assert scope["retraction"].lowrank_steps == 3
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

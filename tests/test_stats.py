@@ -1,12 +1,13 @@
-"""Uncertainty over seeds (trainers/stats.py) and the verdict read from it (trainers/verdict.py), against
+"""Uncertainty over seeds (trainers/experiments/stats.py) and the verdict read from it
+(trainers/experiments/verdict.py), against
 hand-computed cases and Student-t table values."""
 
 import math
 
 import pytest
 
-from trainers.stats import Paired, paired_test, summarize, t_cdf, t_quantile
-from trainers.verdict import default_target, is_exact, time_to_target, verdict_line
+from trainers.experiments.stats import Paired, paired_test, summarize, t_cdf, t_quantile
+from trainers.experiments.verdict import default_target, is_exact, time_to_target, verdict_line
 
 
 @pytest.mark.parametrize("df, t975", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])

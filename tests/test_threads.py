@@ -1,4 +1,4 @@
-"""Thread count per process (trainers/threads.py): the auto rule, its inputs, precedence, the flag."""
+"""Thread count per process (trainers/run/threads.py): the auto rule, its inputs, precedence, the flag."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ import torch
 
 from trainers import threads
 from trainers.cli import bench_main, train_main
-from trainers.errors import ConfigError
+from trainers.core.errors import ConfigError
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import torch
 import models
 import tasks
 import trainers
-from trainers.checkpoint import load_checkpoint, save_atomic
 from trainers.engines.backprop import Backprop
-from trainers.logger import read_metrics
-from trainers.optim import StepDecay, WarmupCosine
+from trainers.run.checkpoint import load_checkpoint, save_atomic
+from trainers.run.logger import read_metrics
+from trainers.run.optim import StepDecay, WarmupCosine
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def test_atomic_writes_get_the_permissions_of_a_new_file_and_a_name_tensorboard_
     import os
     import stat
 
-    from trainers.checkpoint import write_atomic, write_text_atomic
+    from trainers.run.checkpoint import write_atomic, write_text_atomic
 
     seen = []
     previous = os.umask(0o027)

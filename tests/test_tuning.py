@@ -1,4 +1,4 @@
-"""compare.py --tune (trainers/tuning.py): a grid on the validation split, the best point per
+"""compare.py --tune (trainers/experiments/tuning.py): a grid on the validation split, the best point per
 trainer, the test split read by the final runs only, every trial a run."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from trainers.cli import compare_main
-from trainers.errors import ConfigError
-from trainers.trainer import Trainer
-from trainers.tuning import LR_FACTORS, parse_grid, select, trainer_grid, trial_name
+from trainers.core.errors import ConfigError
+from trainers.experiments.tuning import LR_FACTORS, parse_grid, select, trainer_grid, trial_name
+from trainers.run.trainer import Trainer
 
 QUICK = ["--steps", "6", "--eval-every", "2", "--grad-agreement-every", "0", "--progress", "false",
          "--depth", "2", "--width", "16"]

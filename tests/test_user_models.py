@@ -202,7 +202,7 @@ def sequential(widths=(8, 6, 5, 3), act=None, dropout=0.0):
 
 def grads_of(model, engine, x, y):
     from tasks.base import cross_entropy_loss
-    from trainers.engine import trainable_parameters
+    from trainers.core.engine import trainable_parameters
 
     engine.compute_grads(model, x, y, cross_entropy_loss)
     return {name: p.grad.clone() for name, p in trainable_parameters(model)}

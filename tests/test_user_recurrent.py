@@ -9,7 +9,7 @@ from torch import nn
 import models
 import trainers
 from tasks.base import sequence_cross_entropy
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 
 V, E, H, T = 11, 6, 5, 7
 

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 import models
 import trainers
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.engine import trainable_parameters
+from trainers.core.engine import trainable_parameters
 
 V, C, T, N_LAYER = 13, 8, 6, 2
 

@@ -7,10 +7,8 @@
 """
 
 from trainers import engines  # noqa: F401  (registers the engines)
-from trainers.agreement import compare_grads, gradient_agreement
-from trainers.config import TrainConfig
-from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.errors import (
+from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.core.errors import (
     USER_ERRORS,
     ConfigError,
     DataError,
@@ -19,8 +17,10 @@ from trainers.errors import (
     NonFiniteLossError,
     TaskConfigError,
 )
-from trainers.registry import available, build_engine, engine_class, register_engine
-from trainers.trainer import Trainer
+from trainers.core.registry import available, build_engine, engine_class, register_engine
+from trainers.run.agreement import compare_grads, gradient_agreement
+from trainers.run.config import TrainConfig
+from trainers.run.trainer import Trainer
 
 __all__ = [
     "USER_ERRORS",

@@ -27,7 +27,7 @@ BENCHMARKS.md).
   trainer, also the bare forward-only pass (``bare_forward_only``, the shape of
   the authors' code) as a floor.
 * ``upkeep``: what keeping the MLP orthogonal costs each trainer: its SGD step
-  with Björck projection, and with the Cayley retraction (``trainers.retraction``),
+  with Björck projection, and with the Cayley retraction (``models.retraction``),
   against the same step with no upkeep, per (depth, width, batch).
 * ``user``: every engine on user-style models (an nn.GRU LM wrapped by
   ``models.wrap_recurrent``, an nn.Sequential MLP by ``models.layer_stack``)
@@ -65,15 +65,15 @@ from torch.profiler import ProfilerActivity, profile
 import models
 import tasks
 from models.orthogonal import orthogonality_error, project_
+from models.retraction import CayleyRetraction
 from models.scan import METHODS as SCAN_METHODS
 from models.scan import reverse_scan
+from trainers.core.options import parse_key_values
+from trainers.core.protocols import recurrent_forwards
+from trainers.core.registry import build_engine
 from trainers.engines.backprop import Backprop
-from trainers.options import parse_key_values
-from trainers.protocols import recurrent_forwards
-from trainers.registry import build_engine
-from trainers.retraction import CayleyRetraction
-from trainers.threads import last_choice
-from trainers.trainer import Trainer
+from trainers.run.threads import last_choice
+from trainers.run.trainer import Trainer
 
 __all__ = ["machine_description", "bench_overhead", "bench_engines", "markdown_table", "peak_step_memory_mb",
            "write_results", "engine_from_spec", "bench_scan", "bench_recurrent", "bench_residual"]

@@ -26,11 +26,8 @@ from torch import nn
 
 import models
 import tasks
-from trainers.budget import BUDGETS, reference_trainer
-from trainers.compare import compatible, run_comparison
-from trainers.config import TrainConfig, check_device
-from trainers.distributed import BACKENDS, DataParallel, init_distributed, local_device
-from trainers.errors import (
+from trainers.core.distributed import BACKENDS, DataParallel, check_device, init_distributed, local_device
+from trainers.core.errors import (
     USER_ERRORS,
     ConfigError,
     DataError,
@@ -44,17 +41,20 @@ from trainers.errors import (
     command_line,
     out_of_memory,
 )
-from trainers.hparams import write_experiment_config
-from trainers.memory import check_fits
-from trainers.options import add_arguments, options_from_args, parse_key_values, parse_options
-from trainers.recipes import recipe_for
-from trainers.records import forget_notes
-from trainers.registry import available, build_engine, engine_class
-from trainers.rng import seed_everything
-from trainers.rundir import note
-from trainers.threads import THREADS_ENV, set_threads
-from trainers.trainer import Trainer
-from trainers.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
+from trainers.core.options import add_arguments, options_from_args, parse_key_values, parse_options
+from trainers.core.registry import available, build_engine, engine_class
+from trainers.core.rng import seed_everything
+from trainers.experiments.budget import BUDGETS, reference_trainer
+from trainers.experiments.compare import compatible, run_comparison
+from trainers.experiments.recipes import recipe_for
+from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
+from trainers.run.config import TrainConfig
+from trainers.run.hparams import write_experiment_config
+from trainers.run.memory import check_fits
+from trainers.run.records import forget_notes
+from trainers.run.rundir import note
+from trainers.run.threads import THREADS_ENV, set_threads
+from trainers.run.trainer import Trainer
 
 __all__ = ["train_main", "compare_main", "bench_main", "table_main", "main", "console", "base_parser",
            "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup", "OneLineParser"]
@@ -180,7 +180,7 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
 
 
 def add_threads_flag(parser) -> None:
-    """``--threads N|auto`` (``trainers.threads``)."""
+    """``--threads N|auto`` (``trainers.run.threads``)."""
     parser.add_argument("--threads", default=None, metavar="N|auto",
                         help=f"CPU threads of this process (default: {THREADS_ENV} if set, else OMP_NUM_THREADS, "
                              "else auto: the cores no other process keeps busy at start, at least 1)")
@@ -209,9 +209,9 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
                     tuned: dict | None = None) -> Setup:
     """A ``Setup`` from parsed flags; raises the named user errors.
 
-    ``settings="recipe"``: the trainer's recipe (``trainers.recipes``) under the flags the
+    ``settings="recipe"``: the trainer's recipe (``trainers.experiments.recipes``) under the flags the
     user gave; ``"shared"``: the flags over the ``TrainConfig`` and engine defaults.
-    ``tuned``: ``{"values": {key: value}, ...}`` of ``trainers.tuning`` (keys ``lr`` or
+    ``tuned``: ``{"values": {key: value}, ...}`` of ``trainers.experiments.tuning`` (keys ``lr`` or
     ``<trainer>.<option>``), which replace both; the whole dict is recorded.
     """
     recipe = recipe_for(trainer, args.model) if settings == "recipe" else None
@@ -320,7 +320,7 @@ def run_cli(main) -> int:
     training; exit 130: Ctrl-C; exit 143: SIGTERM (turned into ``Terminated`` while ``main`` runs,
     so a run stops as on Ctrl-C: its last checkpoint kept, ``--resume`` exact). Under torchrun every
     rank prints its own error (prefixed with its rank); the scripts end with
-    ``trainers.distributed.exit_process``, which closes the group.
+    ``trainers.core.distributed.exit_process``, which closes the group.
     """
     forget_notes()
     previous = _on_sigterm(_terminate)
@@ -405,7 +405,7 @@ def train_main(argv=None, prog: str | None = None) -> int:
 
 # The comparison ``scripts/compare.py`` runs with no arguments (under a minute on 2 CPU cores);
 # flags replace single entries, and ``--model`` drops the model entries. Optimizer settings
-# come from each trainer's recipe (``trainers.recipes``), so none may appear here.
+# come from each trainer's recipe (``trainers.experiments.recipes``), so none may appear here.
 DEFAULT_COMPARISON = dict(
     task="digits", model="mlp", model_depth=4, model_width="64", model_activation="tanh",
     model_orthogonal="bjorck", epochs=30, seeds="0,1,2", grad_agreement_every=10,
@@ -426,10 +426,11 @@ def check_run_flags(args) -> None:
 
 
 def add_settings_flag(parser, default: str) -> None:
-    """``--settings recipe|shared`` (``trainers.recipes``)."""
+    """``--settings recipe|shared`` (``trainers.experiments.recipes``)."""
     parser.add_argument("--settings", choices=("recipe", "shared"), default=default,
                         help="recipe: each trainer's published (or measured) optimizer, learning rate, batch size "
-                             "and engine options, see trainers/recipes.py; shared: the same defaults for every "
+                             "and engine options, see trainers/experiments/recipes.py; shared: the same defaults for "
+                             "every "
                              f"trainer. Flags you give override both (default: {default})")
 
 
@@ -467,7 +468,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--seeds", help="comma list of seeds")
     parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
     add_settings_flag(parser, default="recipe")
-    group = parser.add_argument_group("equal compute (trainers/budget.py, trainers/step_timing.py)")
+    group = parser.add_argument_group("equal compute (trainers/experiments/budget.py, step_timing.py)")
     group.add_argument("--budget", choices=BUDGETS, default="samples",
                        help="what every trainer gets of the reference's run (--epochs or --steps at its batch size): "
                             "samples (default: the same training samples, as --epochs always gave), steps (the same "
@@ -481,7 +482,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
                             "accuracy, or its best perplexity / 0.95)")
     group.add_argument("--timing-rounds", type=int, default=30,
                        help="rounds of the round-robin step timing, one step of every trainer each (default: 30)")
-    group = parser.add_argument_group("tuning (trainers/tuning.py)")
+    group = parser.add_argument_group("tuning (trainers/experiments/tuning.py)")
     group.add_argument("--tune", action="store_true",
                        help="first search each trainer's settings on the validation split (one seed; default grid: "
                             "its learning rate x 10^(-1, -0.5, 0, 0.5, 1), 5 runs per trainer), then run the seeds at "
@@ -541,7 +542,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
 
 
 def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) -> dict[str, dict]:
-    """``--tune``: each trainer's grid search (``trainers.tuning``); returns trainer -> its record."""
+    """``--tune``: each trainer's grid search (``trainers.experiments.tuning``); returns trainer -> its record."""
     grid = parse_grid(args.tune_grid, names)
     seed = seeds[0] if args.tune_seed is None else args.tune_seed
     base = {t: build_from_args(args, t, seed, args.settings) for t in names}  # every setup checked first
@@ -669,7 +670,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
 
 def table_main(argv=None, prog: str | None = None) -> int:
     """``scripts/table.py``: the result.json files below a folder as one Markdown table (and a figure)."""
-    from trainers.compare import collect_results, pivot_cells, pivot_table
+    from trainers.experiments.compare import collect_results, pivot_cells, pivot_table
 
     parser = OneLineParser(prog=prog, description="Gather the result.json files of many runs into one Markdown "
                                                   "table: rows are experiment folders, columns run names, cells "
@@ -687,7 +688,7 @@ def table_main(argv=None, prog: str | None = None) -> int:
         columns = args.columns.split(",") if args.columns else None
         print(pivot_table(rows, value=args.value, columns=columns), end="")
         if args.plot:
-            from trainers.plots import plot_runs
+            from trainers.experiments.plots import plot_runs
 
             cells, experiments, runs = pivot_cells(rows, value=args.value, columns=columns)
             plot_runs(cells, experiments, runs, f"{args.value} {rows[0]['metric']}", args.plot)
@@ -717,6 +718,6 @@ def main(argv=None) -> int:
 
 def console() -> None:
     """The ``gradengines`` console script: ``main``, then ``exit_process`` (``torchrun`` safe)."""
-    from trainers.distributed import exit_process
+    from trainers.core.distributed import exit_process
 
     exit_process(main())

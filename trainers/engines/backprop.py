@@ -12,8 +12,8 @@ zeros for parameters the loss does not reach.
 import torch
 
 from models.calling import forward_loss
-from trainers.engine import GradientEngine, StepOutput, write_grads
-from trainers.registry import register_engine
+from trainers.core.engine import GradientEngine, StepOutput, write_grads
+from trainers.core.registry import register_engine
 
 __all__ = ["Backprop"]
 

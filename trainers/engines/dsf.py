@@ -50,12 +50,12 @@ import torch.nn as nn
 from models.calling import forward_loss
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
-from trainers.distributed import mean_over_ranks
-from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.errors import ConfigError, IncompatibleModelError
-from trainers.options import option
-from trainers.protocols import RecurrentLayer, recurrent_forwards, refusal
-from trainers.registry import register_engine
+from trainers.core.distributed import mean_over_ranks
+from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.core.errors import ConfigError, IncompatibleModelError
+from trainers.core.options import option
+from trainers.core.protocols import RecurrentLayer, recurrent_forwards, refusal
+from trainers.core.registry import register_engine
 
 __all__ = ["TimeParallel", "FTBPTT", "DSF"]
 
@@ -76,7 +76,7 @@ class TimeParallel(GradientEngine):
             if not isinstance(layer, RecurrentLayer):
                 raise IncompatibleModelError(
                     f"trainer '{self.name}' needs recurrent layers with the RecurrentLayer protocol "
-                    f"(trainers/protocols.py); {type(layer).__name__} is not one "
+                    f"(trainers/core/protocols.py); {type(layer).__name__} is not one "
                     "(layers that qualify: models.recurrent)")
 
     needs_gate = False  # coefficients need the cell's gate

@@ -1,7 +1,7 @@
 """Feedback alignment (FA) and direct feedback alignment (DFA): backprop's error
 path with fixed random matrices in place of the transposed forward weights.
 
-On a layer stack (``trainers.protocols.LayerStack``), ``a_l = A_l h_{l-1} + b_l``,
+On a layer stack (``trainers.core.protocols.LayerStack``), ``a_l = A_l h_{l-1} + b_l``,
 ``h_l = act(drop_l(a_l))``, ``y = A_L h_{L-1} + b_L``, with ``e = dloss/dy`` per
 sample (``softmax(y) - onehot`` for cross-entropy):
 
@@ -43,12 +43,12 @@ import math
 import torch
 import torch.nn as nn
 
-from trainers.engine import GradientEngine, StepOutput
+from trainers.core.engine import GradientEngine, StepOutput
+from trainers.core.errors import ConfigError, IncompatibleModelError
+from trainers.core.options import option
+from trainers.core.protocols import LayerStack, require
+from trainers.core.registry import register_engine
 from trainers.engines.forward_only import linear_part, output_error, write_layer_grads
-from trainers.errors import ConfigError, IncompatibleModelError
-from trainers.options import option
-from trainers.protocols import LayerStack, require
-from trainers.registry import register_engine
 
 __all__ = ["FeedbackAlignment", "DirectFeedbackAlignment"]
 

@@ -1,6 +1,6 @@
 """Shared machinery of the forward-only engines (FOTON, PEPITA) on a layer stack.
 
-A layer stack (``trainers.protocols.LayerStack``) computes
+A layer stack (``trainers.core.protocols.LayerStack``) computes
 
     h_0 = input_features(x),  h_l = act(drop_l(A_l h_{l-1} + b_l)),  y = A_L h_{L-1} + b_L.
 
@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from models.orthogonal import route_weight_grad
+from models.retraction import record_layer_grads
 from tasks.base import cross_entropy_loss
-from trainers.engine import GradientEngine, StepOutput, write_grads
-from trainers.protocols import LayerStack, require
-from trainers.retraction import record_layer_grads
-from trainers.rng import set_torch_rng_state, torch_rng_state
+from trainers.core.engine import GradientEngine, StepOutput, write_grads
+from trainers.core.protocols import LayerStack, require
+from trainers.core.rng import set_torch_rng_state, torch_rng_state
 
 __all__ = ["active_dropouts", "stack_forward", "apply_mask", "output_error", "layer_adjoint", "write_layer_grads",
            "linear_part", "MaskReplay", "ModulatedForward"]

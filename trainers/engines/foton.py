@@ -40,7 +40,10 @@ from torch.nn.functional import linear
 from torch.nn.utils import parametrize
 
 from models.orthogonal import orthogonal_method
-from trainers.engine import StepOutput
+from trainers.core.engine import StepOutput
+from trainers.core.errors import ConfigError, IncompatibleModelError
+from trainers.core.options import option
+from trainers.core.registry import register_engine
 from trainers.engines.forward_only import (
     MaskReplay,
     ModulatedForward,
@@ -51,9 +54,6 @@ from trainers.engines.forward_only import (
     stack_forward,
     write_layer_grads,
 )
-from trainers.errors import ConfigError, IncompatibleModelError
-from trainers.options import option
-from trainers.registry import register_engine
 
 __all__ = ["Foton"]
 

@@ -18,7 +18,7 @@ rounds in all, k = 0 included. Options beyond the paper: ``tol`` stops when
 ``mode=fpi`` is the paper's fixed-point-iteration baseline (K = 0, J = the whole layer
 Jacobian, i.e. gamma = 1).
 
-Two structures (``trainers.protocols``):
+Two structures (``trainers.core.protocols``):
 
 * ``ResidualStack`` (residual_mlp, resnet, gpt): depth is the layer index; states s_0 (the
   stem's output) .. s_L (the head's input) of one shape; only the head has a loss.
@@ -57,12 +57,12 @@ from models.calling import forward_loss
 from models.dropout import ConsistentDropout
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
-from trainers.distributed import DataParallel
-from trainers.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.errors import ConfigError, IncompatibleModelError
-from trainers.options import option
-from trainers.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
-from trainers.registry import register_engine
+from trainers.core.distributed import DataParallel
+from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.core.errors import ConfigError, IncompatibleModelError
+from trainers.core.options import option
+from trainers.core.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
+from trainers.core.registry import register_engine
 
 __all__ = ["Highway", "highway_iterations"]
 

@@ -21,10 +21,10 @@ from typing import Literal
 
 import torch
 
+from trainers.core.errors import ConfigError
+from trainers.core.options import option
+from trainers.core.registry import register_engine
 from trainers.engines.forward_only import ModulatedForward
-from trainers.errors import ConfigError
-from trainers.options import option
-from trainers.registry import register_engine
 
 __all__ = ["Pepita"]
 

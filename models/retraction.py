@@ -37,11 +37,12 @@ A clipped gradient scales the factors by the same coefficient.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from models.errors import ModelConfigError
 from models.orthogonal import (
     RETRACTED_METHODS,
     LowRankCayley,
@@ -51,7 +52,6 @@ from models.orthogonal import (
     orthogonal_method,
     prepare_lowrank_cayley,
 )
-from trainers.errors import ConfigError, spell
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
 
@@ -204,13 +204,14 @@ class CayleyRetraction:
         return P, Q, _columns(parts, "HWt"), WtP, c, mismatch.nan_to_num(nan=2.0)
 
     # --------------------------------------------------------------- step
-    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Refuse, in one line (``ConfigError``), an optimizer whose step on a retracted weight is not plain
-        SGD: momentum and Adam steps are not low-rank (module docstring)."""
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, spell: Callable[[str], str] = str) -> None:
+        """Refuse, in one line (``ModelConfigError``), an optimizer whose step on a retracted weight is not plain
+        SGD: momentum and Adam steps are not low-rank (module docstring). ``spell`` names an option as the
+        caller's user sets it (``trainers.core.errors.spell``: ``--optimizer`` on the command line)."""
         for group in optimizer.param_groups:
             if any(id(p) in self._ids for p in group["params"]) and (
                     not isinstance(optimizer, torch.optim.SGD) or group.get("momentum", 0) != 0):
-                raise ConfigError(
+                raise ModelConfigError(
                     f"orthogonal=retraction takes plain SGD steps ({spell('optimizer')} sgd, {spell('momentum')} 0; "
                     f"got {type(optimizer).__name__}, momentum {group.get('momentum', '-')}): momentum and Adam "
                     f"steps are not low-rank; use orthogonal=bjorck, polar, expm or cayley with them")

@@ -13,7 +13,7 @@ Layout of ``<logdir>/<experiment>/<run>/seed<k>/``::
 The lock is held for the whole of ``Trainer.fit`` (an ``flock``, so the kernel
 releases it when the process dies, even by ``kill -9``); a second writer is
 refused in one line naming the holder's pid. Every file is written atomically
-(``trainers.checkpoint.write_atomic``) with one mode (``0o666`` less the umask);
+(``trainers.run.checkpoint.write_atomic``) with one mode (``0o666`` less the umask);
 temporary files left by a killed writer are removed when the next one takes
 the lock.
 
@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainers.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, state_problem, write_text_atomic
-from trainers.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
+from trainers.core.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
+from trainers.run.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, state_problem, write_text_atomic
 
 __all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
 
@@ -130,7 +130,7 @@ class RunDirectory:
 
     def result(self) -> dict | None:
         """The finished run's ``result.json`` (None if it has not finished, or the file is damaged: noted)."""
-        from trainers.records import read_record  # records reads notes from here
+        from trainers.run.records import read_record  # records reads notes from here
 
         return read_record(self.path / RESULT) if (self.path / RESULT).exists() else None
 

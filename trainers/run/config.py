@@ -4,12 +4,14 @@ import dataclasses
 import math
 from typing import Literal
 
-import torch
+from trainers.core.distributed import check_device
+from trainers.core.errors import ConfigError, spell
+from trainers.core.options import option
 
-from trainers.errors import ConfigError, spell
-from trainers.options import option
+__all__ = ["TrainConfig", "SHARED_SETTINGS"]
 
-__all__ = ["TrainConfig", "check_device"]
+#: The settings record of a run that used no recipe (``trainers.cli.Setup.settings``).
+SHARED_SETTINGS = {"mode": "shared", "recipe": {}, "overridden": []}
 
 
 @dataclasses.dataclass
@@ -77,21 +79,3 @@ class TrainConfig:
         if not 0 < self.gamma <= 1:
             raise bad("gamma", "in (0, 1]")
         check_device(self.device)
-
-
-def check_device(text: str) -> None:
-    """Raise ``ConfigError`` unless ``text`` names a device this torch can use."""
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"{spell('device')} {text!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU build of torch" if torch.version.cuda is None else "torch finds no CUDA device"
-            raise ConfigError(f"{spell('device')} {text}: CUDA is not available ({build})")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"{spell('device')} {text}: only {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{spell('device')} {text}: MPS is not available")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"{spell('device')} {text}: only cpu, cuda and mps devices are supported")

@@ -36,10 +36,9 @@ import torch.distributed as dist
 from torch import nn
 
 from models.orthogonal import project_weights_, projected_weights
-from trainers.config import check_device
-from trainers.errors import ConfigError, DistributedError
+from trainers.core.errors import ConfigError, DistributedError, spell
 
-__all__ = ["DataParallel", "exit_process", "init_distributed", "launched_distributed", "local_device",
+__all__ = ["check_device", "DataParallel", "exit_process", "init_distributed", "launched_distributed", "local_device",
            "mean_over_ranks"]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -315,3 +314,21 @@ def _buckets(params: list[torch.Tensor], limit: int = BUCKET_BYTES) -> list[list
     if current:
         buckets.append(current)
     return buckets
+
+
+def check_device(text: str) -> None:
+    """Raise ``ConfigError`` unless ``text`` names a device this torch can use."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{spell('device')} {text!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU build of torch" if torch.version.cuda is None else "torch finds no CUDA device"
+            raise ConfigError(f"{spell('device')} {text}: CUDA is not available ({build})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{spell('device')} {text}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{spell('device')} {text}: MPS is not available")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{spell('device')} {text}: only cpu, cuda and mps devices are supported")

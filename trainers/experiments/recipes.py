@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainers.run.config import SHARED_SETTINGS
+
 __all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHARED_SETTINGS"]
 
-#: The settings record of a run that used no recipe (``trainers.cli.Setup.settings``).
-SHARED_SETTINGS = {"mode": "shared", "recipe": {}, "overridden": []}
 
 LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet", "convnet")
 RECURRENT = ("rnn_lm", "rnn_block_lm")

@@ -15,11 +15,11 @@ Model selection uses the validation split (with ``eval_batches``, a fixed
 subset of it at the periodic evaluations); at the end the last and the best
 validation models are evaluated on the whole validation split, and the test
 split once, on the best validation model. Progress goes to stderr
-(``trainers.progress``): a bar on a terminal, otherwise a line every
+(``trainers.run.progress``): a bar on a terminal, otherwise a line every
 ``progress_seconds``.
 
 Under ``torchrun`` (a process group exists) the same loop is data parallel
-(``trainers.distributed``): each rank takes its shard of the global batch
+(``trainers.core.distributed``): each rank takes its shard of the global batch
 (``batch_size`` x world size), the gradients are averaged over ranks right
 after ``compute_grads``, evaluation sums are reduced over ranks, and only
 rank 0 writes logs, metrics and checkpoints. A checkpoint records the global
@@ -41,14 +41,12 @@ from models.calling import call_model, model_call
 from models.calling import describe as describe_call
 from models.errors import ModelConfigError, one_line
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
+from models.retraction import CayleyRetraction
 from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
-from trainers.agreement import gradient_agreement
-from trainers.checkpoint import write_text_atomic
-from trainers.config import TrainConfig
-from trainers.distributed import DataParallel, local_device
-from trainers.engine import GradientEngine, trainable_parameters
-from trainers.errors import (
+from trainers.core.distributed import DataParallel, local_device
+from trainers.core.engine import GradientEngine, trainable_parameters
+from trainers.core.errors import (
     USER_ERRORS,
     ConfigError,
     DistributedError,
@@ -62,15 +60,16 @@ from trainers.errors import (
     out_of_memory,
     spell,
 )
-from trainers.hparams import session_hparams, session_metrics
-from trainers.logger import RunLogger, read_metrics
-from trainers.optim import build_optimizer, build_scheduler, restore_optimizer
-from trainers.options import as_dict, parse_options
-from trainers.progress import Progress
-from trainers.recipes import SHARED_SETTINGS
-from trainers.retraction import CayleyRetraction
-from trainers.rng import rng_state, seed_everything, set_rng_state
-from trainers.rundir import RunDirectory, note, run_path
+from trainers.core.options import as_dict, parse_options
+from trainers.core.rng import rng_state, seed_everything, set_rng_state
+from trainers.run.agreement import gradient_agreement
+from trainers.run.checkpoint import write_text_atomic
+from trainers.run.config import SHARED_SETTINGS, TrainConfig
+from trainers.run.hparams import session_hparams, session_metrics
+from trainers.run.logger import RunLogger, read_metrics
+from trainers.run.optim import build_optimizer, build_scheduler, restore_optimizer
+from trainers.run.progress import Progress
+from trainers.run.rundir import RunDirectory, note, run_path
 
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
 
@@ -175,7 +174,7 @@ class Trainer:
         evaluate_test: False for runs that select settings (tuning trials): the test split is
             never read and the report's ``test`` is None.
         timing: this trainer's step timed round-robin against the comparison's reference
-            (``trainers.step_timing``; ``step_ms``, ``ratio``, spreads, ``peak_mb``): records carry
+            (``trainers.experiments.step_timing``; ``step_ms``, ``ratio``, spreads, ``peak_mb``): records carry
             ``compute_ms`` = steps x ``step_ms``, the HParams step time is it, ``result.json`` keeps it.
     """
 
@@ -224,7 +223,10 @@ class Trainer:
         self.retraction = CayleyRetraction(model)
         self._noted: set[str] = set()  # dense-step reasons already noted
         self.optimizer = build_optimizer(self.params, cfg)
-        self.retraction.check_optimizer(self.optimizer)
+        try:
+            self.retraction.check_optimizer(self.optimizer, spell)
+        except ModelConfigError as err:  # a training option, said as one
+            raise ConfigError(str(err)) from None
         self.scheduler = None
         self.step = 0
         self.saved_step: int | None = None  # step of the last checkpoint written or resumed from

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from trainers.errors import ConfigError
+from trainers.core.errors import ConfigError
 
 __all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "usable_cores", "busy_cores_elsewhere",
            "choose_threads", "set_threads", "last_choice"]

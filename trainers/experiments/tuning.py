@@ -22,13 +22,13 @@ import itertools
 import json
 from pathlib import Path
 
-from trainers.checkpoint import write_text_atomic
-from trainers.config import TrainConfig
-from trainers.distributed import DataParallel
-from trainers.errors import ConfigError, NonFiniteLossError
-from trainers.options import parse_options
-from trainers.registry import build_engine, engine_class
-from trainers.trainer import Trainer
+from trainers.core.distributed import DataParallel
+from trainers.core.errors import ConfigError, NonFiniteLossError
+from trainers.core.options import parse_options
+from trainers.core.registry import build_engine, engine_class
+from trainers.run.checkpoint import write_text_atomic
+from trainers.run.config import TrainConfig
+from trainers.run.trainer import Trainer
 
 __all__ = ["LR_FACTORS", "parse_grid", "trainer_grid", "trial_name", "select", "tune_trainer"]
 

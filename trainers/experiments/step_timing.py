@@ -16,9 +16,9 @@ import functools
 import time
 
 from trainers.bench import machine_description, peak_step_memory_mb, time_round_robin
-from trainers.errors import NonFiniteLossError
-from trainers.threads import last_choice
-from trainers.trainer import Trainer
+from trainers.core.errors import NonFiniteLossError
+from trainers.run.threads import last_choice
+from trainers.run.trainer import Trainer
 
 __all__ = ["time_steps", "ROUNDS", "WARMUP"]
 

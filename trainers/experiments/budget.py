@@ -2,7 +2,7 @@
 
 The reference trainer (backprop when compared, else the first) runs ``--epochs E`` or ``--steps S`` at
 its own batch size B_ref, i.e. ``n_ref`` steps and ``n_ref x B_ref`` samples. Trainer t (batch B_t,
-timed step ``ratio_t`` x the reference's, ``trainers.step_timing``) then runs
+timed step ``ratio_t`` x the reference's, ``trainers.experiments.step_timing``) then runs
 
     samples:  the same samples,       steps_t = ceil(n_ref B_ref / B_t)  (with --epochs: E epochs each)
     steps:    the same steps,         steps_t = n_ref
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from trainers.errors import ConfigError
+from trainers.core.errors import ConfigError
 
 __all__ = ["BUDGETS", "reference_trainer", "budget_steps"]
 

@@ -4,7 +4,7 @@
   the target (default: ``TARGET_FRACTION`` of the reference's best validation metric, mean over
   its seeds; for perplexity, ``1 / TARGET_FRACTION`` times it), or "not reached".
 * Verdict: per trainer, its test metric (of the best validation model) against the reference's over
-  the seeds both ran, by a paired t-test (``trainers.stats``): ahead or behind when the 95% interval
+  the seeds both ran, by a paired t-test (``trainers.experiments.stats``): ahead or behind when the 95% interval
   of the mean difference excludes 0, within noise otherwise; a trainer whose gradient equals the
   reference's (every logged gradient cosine against backprop within ``EXACT_COSINE`` of 1) is
   reported as exact, not as a tie by chance.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from trainers.stats import Paired
+from trainers.experiments.stats import Paired
 
 __all__ = ["TARGET_FRACTION", "EXACT_COSINE", "default_target", "time_to_target", "is_exact", "verdict_line"]
 

@@ -21,8 +21,8 @@ the forward takes them and reads the output out of a tuple, dict or object
 what the engine needs and which zoo models qualify.
 
 An engine is one file: a subclass of ``GradientEngine`` with a nested
-``Options`` dataclass (``trainers.options.option`` fields), registered with
-``@register_engine("name")`` (``trainers.registry``).
+``Options`` dataclass (``trainers.core.options.option`` fields), registered with
+``@register_engine("name")`` (``trainers.core.registry``).
 """
 
 import dataclasses
@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from trainers.options import as_dict, parse_options
+from trainers.core.options import as_dict, parse_options
 
 __all__ = ["GradientEngine", "StepOutput", "LossFn", "trainable_parameters", "write_grads"]
 

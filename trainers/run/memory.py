@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from models.calling import call_model
-from trainers.errors import ConfigError
+from trainers.core.errors import ConfigError
 
 __all__ = ["MAX_DEPTH", "estimate_bytes", "available_bytes", "check_fits"]
 

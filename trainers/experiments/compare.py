@@ -11,22 +11,22 @@ import statistics
 import time
 from pathlib import Path
 
-from trainers.budget import BUDGETS, budget_steps, reference_trainer
-from trainers.checkpoint import write_text_atomic
-from trainers.distributed import DataParallel
-from trainers.errors import ConfigError, DataError, IncompatibleModelError, NonFiniteLossError, spell
-from trainers.hparams import write_experiment_config
-from trainers.logger import read_metrics
-from trainers.plots import plot_comparison
-from trainers.recipes import SHARED_SETTINGS
-from trainers.records import failure_problem, read_records
-from trainers.registry import engine_class
-from trainers.rundir import FAILED, RunDirectory, note, run_path
-from trainers.stats import paired_test, summarize
-from trainers.step_timing import ROUNDS, time_steps
-from trainers.trainer import Trainer
-from trainers.tuning import trial_name
-from trainers.verdict import TARGET_FRACTION, default_target, is_exact, time_to_target, verdict_line
+from trainers.core.distributed import DataParallel
+from trainers.core.errors import ConfigError, DataError, IncompatibleModelError, NonFiniteLossError, spell
+from trainers.core.registry import engine_class
+from trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
+from trainers.experiments.plots import plot_comparison
+from trainers.experiments.recipes import SHARED_SETTINGS
+from trainers.experiments.stats import paired_test, summarize
+from trainers.experiments.step_timing import ROUNDS, time_steps
+from trainers.experiments.tuning import trial_name
+from trainers.experiments.verdict import TARGET_FRACTION, default_target, is_exact, time_to_target, verdict_line
+from trainers.run.checkpoint import write_text_atomic
+from trainers.run.hparams import write_experiment_config
+from trainers.run.logger import read_metrics
+from trainers.run.records import failure_problem, read_records
+from trainers.run.rundir import FAILED, RunDirectory, note, run_path
+from trainers.run.trainer import Trainer
 
 __all__ = ["run_comparison", "summary_table", "settings_table", "failure_notes", "write_summary", "experiment_failures",
            "experiment_runs", "compatible", "collect_results", "pivot_cells", "pivot_table"]
@@ -95,7 +95,7 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, k
                   higher_better: bool) -> list[str]:
     """One verdict per trainer at equal ``key`` (samples or compute_ms): the best validation ``metric``
     each seed reached within the horizon every run reached (the shortest run's ``key``), paired against
-    ``reference`` over common seeds (``trainers.verdict``)."""
+    ``reference`` over common seeds (``trainers.experiments.verdict``)."""
     ends = [_last(r["history"], key) for seeds in results.values() for r in seeds]
     if reference not in results or not ends or any(e is None for e in ends):
         return []
@@ -312,13 +312,13 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     """Time every trainer's step, run every (trainer, seed) for its budget, then write the summary,
     ``comparison.json`` and the figure of the whole experiment folder (runs added by earlier calls included).
 
-    Timing (``trainers.step_timing``): each trainer's step on its first seed's setup, round-robin
+    Timing (``trainers.experiments.step_timing``): each trainer's step on its first seed's setup, round-robin
     against ``reference`` (backprop if compared, else the first trainer), ``timing_rounds`` rounds
     (``clock``: the timer, tests pass a fake one); a ``resume`` reuses the timing of ``comparison.json``
     when it covers the same trainers, so the budget stays the same.
-    ``budget`` (``trainers.budget``): samples (default; with ``epochs`` every trainer runs them), steps
+    ``budget`` (``trainers.experiments.budget``): samples (default; with ``epochs`` every trainer runs them), steps
     or time, relative to the reference's ``epochs`` or ``steps``. ``target``: the validation metric
-    of the time-to-target table (default: ``trainers.verdict.default_target``).
+    of the time-to-target table (default: ``trainers.experiments.verdict.default_target``).
 
     A run whose loss turns NaN or Inf is recorded (``failed.json`` in its directory, listed
     in ``summary.md``) and the others go on; the returned ``failures`` lists them. A run directory

@@ -22,8 +22,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2, summary_v2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from trainers.checkpoint import write_atomic
-from trainers.records import read_records
+from trainers.run.checkpoint import write_atomic
+from trainers.run.records import read_records
 
 __all__ = ["METRIC_PREFIX", "CONFIG_FILE", "SHOWN_FIRST", "metric_display_names", "session_metrics", "session_hparams",
            "session_summaries", "experiment_config", "write_experiment_config"]
@@ -56,7 +56,7 @@ def session_metrics(report: dict, metric: str, history: list[dict], timed_step_m
     """A run's summary numbers (keys of ``metric_display_names``) from its final report and
     logged records; each only where the run has it (no test for a tuning trial, no
     ``grad_cosine`` without ``grad/cosine_global``). ``timed_step_ms``: the comparison's round-robin
-    timing of this trainer's step (``trainers.step_timing``), used instead of the run's own clock,
+    timing of this trainer's step (``trainers.experiments.step_timing``), used instead of the run's own clock,
     which a busy machine distorts."""
     step_ms = [timed_step_ms] if timed_step_ms is not None else \
         [float(r["time/step_ms"]) for r in history if "time/step_ms" in r]

@@ -9,11 +9,11 @@ comparison's default) the training samples seen, so runs with different batch
 sizes overlay. With a timed step (``compute_ms`` given), the training loss and the
 validation scalars are also written under ``vs_compute_ms/`` at step = the run's
 compute time in milliseconds (steps x its timed median step,
-``trainers.step_timing``): the same curves against compute time. Every run uses the same tag names so TensorBoard
-overlays engines on one chart; ``add_scalars`` is never used (it makes
+``trainers.experiments.step_timing``): the same curves against compute time. Every run uses the
+same tag names so TensorBoard overlays engines on one chart; ``add_scalars`` is never used (it makes
 sub-runs). A run writes its own HParams session in its directory; the
 experiment's HParams configuration is written once per experiment folder
-(``trainers.hparams.write_experiment_config``).
+(``trainers.run.hparams.write_experiment_config``).
 """
 
 import json
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
-from trainers.checkpoint import write_text_atomic
-from trainers.errors import DataError
-from trainers.hparams import METRIC_PREFIX, session_summaries
+from trainers.core.errors import DataError
+from trainers.run.checkpoint import write_text_atomic
+from trainers.run.hparams import METRIC_PREFIX, session_summaries
 
 __all__ = ["RunLogger", "read_metrics"]
 

@@ -25,9 +25,9 @@ import copy
 import torch
 from torch import nn
 
-from trainers.engine import GradientEngine, LossFn, trainable_parameters
+from trainers.core.engine import GradientEngine, LossFn, trainable_parameters
+from trainers.core.rng import set_torch_rng_state, torch_rng_state
 from trainers.engines.backprop import Backprop
-from trainers.rng import set_torch_rng_state, torch_rng_state
 
 __all__ = ["gradient_agreement", "compare_grads"]
 

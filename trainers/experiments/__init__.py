@@ -1,0 +1,2 @@
+"""Many runs: comparisons, recipes, tuning, budgets, step timing, statistics, verdicts,
+figures."""
