@@ -70,7 +70,7 @@ class FakeClock:
 
 def test_comparison_timing_survives_a_burst_on_a_fake_clock(monkeypatch):
     clock = FakeClock({"backprop": 2e-3, "foton": 1e-3, "fa": 3e-3})
-    monkeypatch.setattr(Trainer, "_train_step", lambda self, x, y: clock.step(self.engine.name))
+    monkeypatch.setattr(Trainer, "train_step", lambda self, x, y: clock.step(self.engine.name))
     setups = _setups(["foton", "backprop", "fa"])
     timing = trainers.experiments.step_timing.time_steps(setups, "backprop", rounds=20, warmup=1, clock=clock)
     t = timing["trainers"]

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import trainers
-from trainers import checkpoint
-from trainers import trainer as trainer_module
 from trainers.cli import base_parser, train_main
 from trainers.core.errors import ConfigError, DataError, RunBusyError
+from trainers.run import checkpoint
+from trainers.run import trainer as trainer_module
 from trainers.run.logger import read_metrics
 from trainers.run.rundir import RunDirectory
 
@@ -140,7 +140,7 @@ def test_every_numeric_option_refuses_hostile_values_in_one_line(tmp_path, monke
 
 def test_memory_estimate_counts_the_model_without_allocating_it_and_refuses_what_cannot_fit(monkeypatch):
     import models
-    from trainers import memory
+    from trainers.run import memory
 
     def build():
         return models.build("mlp", in_features=64, out_features=10, depth=3, width=[300, 200])
@@ -408,7 +408,7 @@ def test_a_full_disk_during_training_is_one_line_exit_1_and_keeps_the_last_check
             return real(path, write, **kw)
         monkeypatch.setattr(checkpoint, "write_atomic", write_atomic)
     else:  # metrics.jsonl cannot be flushed at step 5
-        from trainers import logger
+        from trainers.run import logger
 
         real_flush = logger.RunLogger.flush
 
@@ -474,13 +474,13 @@ def test_two_processes_started_together_on_one_run_directory(resume, tmp_path):
 
 def fail_at_step(monkeypatch, step: int, error: BaseException) -> None:
     """The Trainer's training step raises ``error`` at ``step`` (and runs normally otherwise)."""
-    real = trainer_module.Trainer._train_step
+    real = trainer_module.Trainer.train_step
 
     def failing(self, x, y):
         if self.step == step:
             raise error
         return real(self, x, y)
-    monkeypatch.setattr(trainer_module.Trainer, "_train_step", failing)
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", failing)
 
 
 def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path, capsys, monkeypatch):

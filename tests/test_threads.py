@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from trainers import threads
 from trainers.cli import bench_main, train_main
 from trainers.core.errors import ConfigError
+from trainers.run import threads
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ def _timed_step(trainer: Trainer, x, y) -> None:
     """One training step; a loss that is not finite still counts (its time up to the check): a trainer that
     diverges is timed, and recorded as failed by its training run, not by the timing."""
     try:
-        trainer._train_step(x, y)
+        trainer.train_step(x, y)
     except NonFiniteLossError:
         pass
 

@@ -1,13 +1,12 @@
 """The Trainer: one loop for every gradient engine.
 
+    open the run                 (trainers.run.lifecycle: lock, resume checks, restore or seed, logger)
     for each step:
-        (agreement)   every N steps, compare the engine with exact backprop
-        gradients     engine.compute_grads(...)   <- where loss.backward() stands
-        clip          global gradient norm
-        step          optimizer.step(); scheduler.step()
-        upkeep        project orthogonal layers back (projection models only); retracted
-                      layers take their SGD step as a Cayley retraction instead
-        log / eval / checkpoint
+        agreement                every N steps, compare the engine with exact backprop
+        update                   trainers.run.step.TrainStep: engine.compute_grads (where loss.backward()
+                                 stands), clip, optimizer and scheduler, orthogonality upkeep
+        log / evaluate / checkpoint
+    final evaluations, result    (a failure: one line saying what was kept, lifecycle.run_failure)
 
 Data order is a function of (seed, epoch) alone, and every random generator
 is checkpointed, so a resumed run reproduces the uninterrupted one exactly.
@@ -28,9 +27,7 @@ batch, so a run continues with any number of ranks that keeps it.
 
 import copy
 import hashlib
-import json
 import math
-import resource
 import time
 from pathlib import Path
 
@@ -38,92 +35,30 @@ import torch
 from torch import nn
 
 from models.calling import call_model, model_call
-from models.calling import describe as describe_call
-from models.errors import ModelConfigError, one_line
-from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
+from models.errors import ModelConfigError
 from models.retraction import CayleyRetraction
 from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import (
-    USER_ERRORS,
     ConfigError,
-    DistributedError,
-    ModelRunError,
-    NonFiniteLossError,
-    RunInterrupted,
-    RunOutOfMemory,
-    RunTerminated,
     RunWriteError,
-    Terminated,
-    out_of_memory,
     spell,
 )
 from trainers.core.options import as_dict, parse_options
-from trainers.core.rng import rng_state, seed_everything, set_rng_state
-from trainers.run.agreement import gradient_agreement
-from trainers.run.checkpoint import write_text_atomic
+from trainers.core.rng import rng_state
+from trainers.run import lifecycle
 from trainers.run.config import SHARED_SETTINGS, TrainConfig
-from trainers.run.hparams import session_hparams, session_metrics
-from trainers.run.logger import RunLogger, read_metrics
-from trainers.run.optim import build_optimizer, build_scheduler, restore_optimizer
+from trainers.run.model_check import check_task_model
+from trainers.run.optim import build_optimizer, build_scheduler
 from trainers.run.progress import Progress
-from trainers.run.rundir import RunDirectory, note, run_path
+from trainers.run.rundir import RunDirectory, run_path
+from trainers.run.step import StepResult, TrainStep, agreement_scalars
 
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
 
 EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
-# errors the framework raises with their own one-line message (never rewritten as a user model's failure)
-NAMED_ERRORS = (*USER_ERRORS, NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, OSError)
-
-
-def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
-    """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
-    and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
-    x = _to_device(task.train.inputs[:2], device, dtype)
-    targets = task.train.targets[:2].to(device)
-    was_training = model.training
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
-        for mode in (False, True):
-            model.train(mode)
-            try:
-                with torch.no_grad():
-                    y = call_model(model, x, targets).outputs
-            except ModelConfigError:  # the call or its return value, said in one line
-                raise
-            except (RuntimeError, IndexError) as err:  # shape mismatch, or token ids outside an embedding
-                raise ConfigError(
-                    f"model does not accept the inputs of task '{task.name}' (per-sample shape "
-                    f"{tuple(task.input_shape)}, {task.in_features} features)"
-                    f"{' in training mode' if mode else ''}: {str(err).strip().splitlines()[0]}{_called(model)}"
-                ) from None
-            except Exception as err:  # anything a user's forward raises
-                raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
-                                  f"task '{task.name}': {one_line(err)}{_called(model)}") from None
-    finally:
-        model.train(was_training)
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name in buffers:
-                    b.copy_(buffers[name])
-    expected = tuple(task.expected_output_shape)
-    if tuple(y.shape[1:]) != expected:
-        classes = f" ({task.num_outputs} classes)" if len(expected) == 1 else ""
-        raise ConfigError(
-            f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' expects {expected}{classes}"
-        )
-
-
-def _called(model) -> str:
-    """How the model was called, where that is more than ``model(inputs)`` (said in refusals)."""
-    how = describe_call(model)
-    if how == "model(inputs)" and not model_call(model).described():
-        return ""
-    layout = "" if model_call(model).layout == "time_first" else \
-        "; a model that reads (T, B) inputs needs --model-call layout=time_first"
-    return f" (called as {how}{layout})"
 
 
 def eval_subset(n: int, batches: int | None, batch_size: int) -> torch.Tensor | None:
@@ -147,12 +82,6 @@ def split_fingerprint(task: Task) -> str:
 def _to_device(x, device, dtype):
     """Move a batch of inputs to ``device``; only floating-point inputs take ``dtype`` (token ids stay int64)."""
     return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 class Trainer:
@@ -210,24 +139,21 @@ class Trainer:
         if declared:  # how it is called, where declared (models.declare_call, --model-call)
             self.meta["call"] = ", ".join(f"{k}={v}" for k, v in declared.items())
         # a model the command line imported from the user's code: its failures are reported in one line
-        self._user_model = is_reference(str(self.meta.get("name", "")))
+        self.user_model = is_reference(str(self.meta.get("name", "")))
         self.settings = settings or dict(SHARED_SETTINGS)
         self.overwrite = overwrite
         self.params = [p for _, p in trainable_parameters(model)]
         if not self.params:
             raise ConfigError(f"{type(model).__name__} has no trainable parameter (none at all, or every one has "
                               f"requires_grad=False): there is nothing to train")
-        methods = {orthogonal_method(m) for m in model.modules()} - {None}
-        self.has_orthogonal = bool(methods)
-        self.needs_projection = bool(methods & set(PROJECTED_METHODS))
         self.retraction = CayleyRetraction(model)
-        self._noted: set[str] = set()  # dense-step reasons already noted
         self.optimizer = build_optimizer(self.params, cfg)
         try:
             self.retraction.check_optimizer(self.optimizer, spell)
         except ModelConfigError as err:  # a training option, said as one
             raise ConfigError(str(err)) from None
-        self.scheduler = None
+        self.update = TrainStep(model, engine, self.params, task.loss_fn, self.optimizer, self.retraction,
+                                self.parallel, cfg.clip_grad_norm, self.device)
         self.step = 0
         self.saved_step: int | None = None  # step of the last checkpoint written or resumed from
         self.changes: list[dict] = []  # options changed at resumes (``rundir.check_resume``)
@@ -257,7 +183,7 @@ class Trainer:
         epoch, index = divmod(step, self.steps_per_epoch())
         return epoch * len(self.task.train) + min(index * self.global_batch, len(self.task.train))
 
-    def _where(self, step: int) -> dict:
+    def where(self, step: int) -> dict:
         """Where a record of ``step`` lies on the other axes: samples seen, epochs, and (timed) compute ms."""
         samples = self.samples_seen(step)
         where = {"samples": samples, "epoch": samples / len(self.task.train)}
@@ -350,23 +276,6 @@ class Trainer:
         self.saved_step = self.step
         return path
 
-    def _restore(self, state: dict, changes: list[dict]) -> None:
-        """Load a checkpoint that ``check_resume`` accepted; this run's options (``changes``) win."""
-        world = state.get("world_size", 1)
-        batch = state.get("global_batch", state["config"]["batch_size"] * world)
-        if batch != self.global_batch:
-            raise ConfigError(
-                f"checkpoint was trained with a global batch of {batch} ({batch // world} per rank x {world} "
-                f"rank(s)); this run's is {self.global_batch} ({self.cfg.batch_size} x {self.parallel.world_size}): "
-                f"pass --batch-size {batch // self.parallel.world_size} to continue it"
-                + ("" if batch % self.parallel.world_size == 0 else " on a number of ranks that divides it"))
-        self.model.load_state_dict(state["model"])
-        restore_optimizer(self.optimizer, self.scheduler, state["optimizer"], state["scheduler"])
-        self.engine.load_state_dict(state["engine"])
-        set_rng_state(state["rng"])
-        self.step, self.best, self.saved_step = state["step"], state["best"], state["step"]
-        self.changes = list(state.get("changes", [])) + changes
-
     # ------------------------------------------------------------- training
     def fit(self, *, epochs: int | None = None, steps: int | None = None, resume: bool = False,
             allow_changes=()) -> dict:
@@ -388,10 +297,10 @@ class Trainer:
             raise ConfigError("give exactly one of epochs or steps")
         if total < 1:
             raise ConfigError(f"the run must have at least one step, got {total}")
-        self.scheduler = build_scheduler(self.optimizer, self.cfg, total)
+        self.update.scheduler = build_scheduler(self.optimizer, self.cfg, total)
         # rank 0 locks and reads the run directory; every rank gets its verdict (and the checkpoint)
         verdict = self.parallel.broadcast_object(
-            self._open_run(resume, total, allow_changes) if self.parallel.is_main else None)
+            lifecycle.open_run(self, resume, total, allow_changes) if self.parallel.is_main else None)
         try:
             if isinstance(verdict, BaseException):
                 raise verdict
@@ -404,209 +313,85 @@ class Trainer:
             if self.files is not None:
                 self.files.release()
 
-    def _open_run(self, resume: bool, total: int, allow_changes):
-        """Rank 0: ``RunDirectory.open``'s verdict, or the error that stops the run before it starts."""
-        if self.files is None:
-            return "fresh", None
-        try:
-            return self.files.open(resume=resume, overwrite=self.overwrite, total=total, identity=self.identity(),
-                                   config=as_dict(self.cfg), allow_changes=allow_changes,
-                                   shapes={k: tuple(v.shape) for k, v in self.model.state_dict().items()})
-        except (*USER_ERRORS, OSError) as err:
-            return err
+    @property
+    def scheduler(self):
+        return self.update.scheduler
 
     def _fit(self, total: int, resumed) -> dict:
         """The training loop of ``fit``; ``resumed``: (checkpoint, changes) or None."""
-        cfg = self.cfg
-        resuming = resumed is not None
-        if resuming:
-            self._restore(*resumed)
-            for change in resumed[1]:
-                note(f"resuming at step {change['step']} with {change['option']} {change['to']} instead of "
-                     f"{change['from']} (recorded in result.json)")
-        else:
-            seed_everything(cfg.seed)
-        self.parallel.broadcast_module(self.model)  # one replica, whatever each rank initialised
-        run_dir = self.run_dir if self.parallel.is_main else None  # rank 0 writes
-        try:
-            logger = RunLogger(run_dir, resume_step=self.step if resuming else None, axis=cfg.log_axis,
-                               purge_after=self.samples_seen(self.step) if cfg.log_axis == "samples" else None) \
-                if run_dir is not None else None
-            if run_dir is not None and resuming:  # only once its records were read: a damaged one stops here
-                for stale in ("result.json", "failed.json"):  # records of the shorter run this one continues
-                    (run_dir / stale).unlink(missing_ok=True)
-        except OSError as err:
-            raise RunWriteError(self._write_failure(err)) from None
-        eval_every = cfg.eval_every or self.steps_per_epoch()
+        lifecycle.start(self, resumed)
+        logger = lifecycle.open_logger(self, resuming=resumed is not None)
         # rank 0 reports: a bar on a terminal, a line every progress_seconds otherwise (logs, CI)
-        progress = Progress(f"{self.run_name} seed {cfg.seed}", total, initial=self.step, every=cfg.progress_seconds,
-                            enabled=cfg.progress and self.parallel.is_main, clock=self.clock)
-        flushed = self.clock()
+        progress = Progress(f"{self.run_name} seed {self.cfg.seed}", total, initial=self.step,
+                            every=self.cfg.progress_seconds, enabled=self.cfg.progress and self.parallel.is_main,
+                            clock=self.clock)
+        self._flushed = self.clock()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
         try:
             while self.step < total:
-                t_iter = time.perf_counter()
-                if self.parallel.rank > 0:  # rank 0 keeps the checkpointed stream; others draw their own masks
-                    torch.manual_seed(hash((cfg.seed, self.parallel.rank, self.step)) % 2**63)
-                x, y = self._batch(self.step)
-                scalars = {}
-                # agreement with exact backprop (leaves model, engine and RNG untouched)
-                if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:
-                    scalars.update(self._agreement_scalars(x, y))
-                # gradients, clip, step, schedule, orthogonality upkeep
-                loss, lr, samples, step_s = self._train_step(x, y)
-                self.step += 1
-                progress.update(self.step, loss)
-                # log
-                if self.step % cfg.log_every == 0 or self.step == total:
-                    scalars.update(self._train_scalars(loss, lr, step_s, samples))
-                # evaluate (on the fixed subset with eval_batches), keep the best validation model
-                evaluated = self.step % eval_every == 0 or self.step == total
-                if evaluated:
-                    self.parallel.average_running_stats(self.model)
-                    self.parallel.check_in_sync(self.model)
-                    val = self._evaluate("val", progress, rows=self.eval_rows)
-                    used = len(self.task.val) if self.eval_rows is None else len(self.eval_rows)
-                    scalars.update({**{f"eval/{k}": v for k, v in val.items()}, "eval/samples": used})
-                    if self._better(val):
-                        self.best = {"step": self.step, "val": val, "state": copy.deepcopy(self.model.state_dict())}
-                if scalars:
-                    where = self._where(self.step)
-                    self.history.append({"step": self.step, **where, **scalars})
-                    if logger:
-                        logger.log(self.step, scalars, **where)
-                # checkpoint (after the logs it covers are flushed); metrics.jsonl also every progress_seconds
-                checkpoint = evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
-                if logger and (checkpoint or self.clock() - flushed >= cfg.progress_seconds):
-                    logger.flush()
-                    flushed = self.clock()
-                if checkpoint:
-                    self.save_checkpoint()
-                self.step_times.append(time.perf_counter() - t_iter)
+                self._iteration(total, logger, progress)
         except BaseException as err:
             if logger:
                 logger.close(quiet=True)
-            if isinstance(err, OSError):
-                raise RunWriteError(self._write_failure(err)) from None
-            if out_of_memory(err):
-                raise RunOutOfMemory(f"{out_of_memory(err)} at step {self.step}, {self._kept()}; lower "
-                                     f"{spell('batch_size')} or the model's size") from None
-            if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
-                stopped = RunTerminated if isinstance(err, Terminated) else RunInterrupted
-                what = "terminated (SIGTERM)" if stopped is RunTerminated else "interrupted"
-                raise stopped(f"{what} at step {self.step}, {self._kept()}; {spell('resume')} continues the "
-                              f"run") from None
-            if self._user_model and isinstance(err, Exception) and not isinstance(err, NAMED_ERRORS):
-                raise ModelRunError(f"model '{self.meta.get('name')}' failed at step {self.step}: {one_line(err)}; "
-                                    f"{self._kept()}") from None
-            if isinstance(err, NonFiniteLossError) and logger and self.files:  # rank 0, still holding the lock
-                self.files.record_failure({"run": self.run_name, "trainer": self.engine.name, "seed": cfg.seed,
-                                           "step": self.step, "error": str(err)})
-            if isinstance(err, DistributedError) and self._last_checkpoint() is not None:
-                raise DistributedError(f"{err}; the last checkpoint is {self._last_checkpoint()}") from None
-            raise
+            failure = lifecycle.run_failure(self, err, logger)
+            if failure is err:
+                raise
+            raise failure from None
         finally:
             progress.close()
         report = self._final_report(progress)
         try:
-            self._write_result(report, logger)
+            lifecycle.write_result(self, report, logger)
         except OSError as err:
             if logger:
                 logger.close(quiet=True)
-            raise RunWriteError(self._write_failure(err)) from None
+            raise RunWriteError(lifecycle.write_failure(self, err)) from None
         return report
 
-    def _write_failure(self, err: OSError) -> str:
-        """One line: which path failed, why, at which step, and what the run directory keeps."""
-        where = err.filename or self.run_dir
-        return f"cannot write {where}: {err.strerror or err}; training stopped at step {self.step}, {self._kept()}"
+    def _iteration(self, total: int, logger, progress: Progress) -> None:
+        """One pass of the loop: agreement, update, log, evaluate, checkpoint."""
+        cfg, t_iter = self.cfg, time.perf_counter()
+        if self.parallel.rank > 0:  # rank 0 keeps the checkpointed stream; others draw their own masks
+            torch.manual_seed(hash((cfg.seed, self.parallel.rank, self.step)) % 2**63)
+        x, y = self._batch(self.step)
+        scalars = {}
+        if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:  # leaves everything as it was
+            scalars.update(agreement_scalars(self.model, self.engine, x, y, self.task.loss_fn))
+        result = self.train_step(x, y)
+        self.step += 1
+        progress.update(self.step, result.loss)
+        if self.step % cfg.log_every == 0 or self.step == total:
+            scalars.update(self.update.scalars(result))
+        # evaluate (on the fixed subset with eval_batches), keep the best validation model
+        evaluated = self.step % (cfg.eval_every or self.steps_per_epoch()) == 0 or self.step == total
+        if evaluated:
+            self.parallel.average_running_stats(self.model)
+            self.parallel.check_in_sync(self.model)
+            val = self._evaluate("val", progress, rows=self.eval_rows)
+            used = len(self.task.val) if self.eval_rows is None else len(self.eval_rows)
+            scalars.update({**{f"eval/{k}": v for k, v in val.items()}, "eval/samples": used})
+            if self._better(val):
+                self.best = {"step": self.step, "val": val, "state": copy.deepcopy(self.model.state_dict())}
+        if scalars:
+            where = self.where(self.step)
+            self.history.append({"step": self.step, **where, **scalars})
+            if logger:
+                logger.log(self.step, scalars, **where)
+        # checkpoint (after the logs it covers are flushed); metrics.jsonl also every progress_seconds
+        checkpoint = evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+        if logger and (checkpoint or self.clock() - self._flushed >= cfg.progress_seconds):
+            logger.flush()
+            self._flushed = self.clock()
+        if checkpoint:
+            self.save_checkpoint()
+        self.step_times.append(time.perf_counter() - t_iter)
 
-    def _last_checkpoint(self) -> Path | None:
-        """The newest checkpoint this run wrote or resumed from (None: there is none)."""
-        return self.files.checkpoint if self.files is not None and self.saved_step is not None else None
-
-    def _kept(self) -> str:
-        last = self._last_checkpoint()
-        if last is None:
-            return "no checkpoint was written"
-        return f"the last checkpoint (step {self.saved_step}) is kept at {last}"
-
-    def _write_result(self, report: dict, logger) -> None:
-        """Rank 0 of a run with a directory: the test record, the HParams session and ``result.json``."""
-        if logger is None or self.run_dir is None:
-            return
-        where = self._where(self.step)
-        if report["test"] is not None:
-            logger.log(self.step, {f"test/{k}": v for k, v in report["test"].items()}, **where)
-        logger.flush()
-        record = {**report, "run": self.run_name, "trainer": self.engine.name, "task": self.task.name,
-                  "metric": self.task.metric_name, "engine": self.engine.hparams(), "config": as_dict(self.cfg),
-                  "world_size": self.parallel.world_size, "global_batch": self.global_batch,
-                  "model": self.meta, "settings": self.settings, "resume_changes": self.changes,
-                  "samples": where["samples"], "epochs": where["epoch"], "log_axis": self.cfg.log_axis}
-        if self.timing is not None:
-            record["timing"] = {**self.timing, "compute_ms": where["compute_ms"]}
-        # the HParams session: hparam values and summary numbers (also kept in result.json)
-        record["summary"] = session_metrics(report, self.task.metric_name, read_metrics(self.run_dir),
-                                            timed_step_ms=None if self.timing is None else self.timing["step_ms"])
-        logger.log_hparams(where["samples"] if self.cfg.log_axis == "samples" else self.step,
-                           session_hparams(record), record["summary"])
-        logger.close()
-        write_text_atomic(self.run_dir / "result.json", json.dumps(record, indent=2, default=str) + "\n")
-
-    def _train_step(self, x, y) -> tuple[float, float, int, float]:
-        """One update; returns (global mean loss, learning rate used, global batch, seconds)."""
-        t0 = time.perf_counter()
-        # the engine stands where loss.backward() would (retracted layers: gradient factors on the side)
-        with self.retraction.recording(enabled=self.parallel.world_size == 1):
-            out = self.engine.compute_grads(self.model, x, y, self.task.loss_fn)
-        loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item())
-        if not math.isfinite(loss):
-            last = self._last_checkpoint()
-            kept = f", last good checkpoint kept at {last}" if last is not None else ""
-            raise NonFiniteLossError(f"loss is {loss} at step {self.step}; training stopped{kept}")
-        clip = 1.0  # the factor clipping applied to every .grad
-        if self.cfg.clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
-            clip = torch.clamp(self.cfg.clip_grad_norm / (norm + 1e-6), max=1.0).item()  # torch's own coefficient
-        lr = self.optimizer.param_groups[0]["lr"]
-        if self.retraction:
-            self.retraction.step(self.optimizer, grad_scale=clip)
-            for reason in sorted(self.retraction.dense_reasons - self._noted):
-                self._noted.add(reason)
-                if self.parallel.is_main:
-                    note(f"retracted layers took the exact dense Cayley step, O(n^3) per layer: {reason}")
-        else:
-            self.optimizer.step()
-        if self.scheduler:
-            self.scheduler.step()
-        if self.needs_projection:  # split over ranks under torchrun, same result
-            self.parallel.project_(self.model)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return loss, lr, samples, time.perf_counter() - t0
-
-    def _train_scalars(self, loss, lr, step_s, batch) -> dict[str, float]:
-        scalars = {
-            "train/loss": loss, "train/lr": lr,
-            "time/step_ms": 1e3 * step_s, "time/samples_per_s": batch / step_s,
-            "memory/peak_mb": _peak_memory_mb(self.device),
-            **{f"engine/{k}": v for k, v in self.engine.metrics().items()},
-        }
-        if self.has_orthogonal:
-            scalars["engine/orthogonality_error"] = orthogonality_error(self.model)
-        return scalars
-
-    def _agreement_scalars(self, x, y) -> dict[str, float]:
-        report = gradient_agreement(self.model, self.engine, x, y, self.task.loss_fn)
-        scalars = {"grad/cosine_global": report["global"]}
-        for name, stats in report["per_param"].items():
-            scalars[f"grad/cosine/{name}"] = stats["cosine"]
-            scalars[f"grad/rel_error/{name}"] = stats["rel_error"]
-            scalars[f"grad/norm_ratio/{name}"] = stats["norm_ratio"]
-        return scalars
+    def train_step(self, x, y) -> StepResult:
+        """The update on one batch (``trainers.run.step.TrainStep``)."""
+        last = lifecycle.last_checkpoint(self)
+        return self.update(x, y, self.step, f", last good checkpoint kept at {last}" if last is not None else "")
 
     def _evaluate(self, split: str, progress: Progress, *, rows=None, model: str | None = None) -> dict[str, float]:
         """``evaluate``, and its progress line."""

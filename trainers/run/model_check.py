@@ -1,0 +1,60 @@
+"""The check every model passes before training: it maps the task's inputs to outputs of the task's shape,
+in eval and in training mode, called as declared (``models.calling``); every failure is one line."""
+
+import torch
+
+from models.calling import call_model, model_call
+from models.calling import describe as describe_call
+from models.errors import ModelConfigError, one_line
+from trainers.core.errors import ConfigError
+
+__all__ = ["check_task_model"]
+
+
+def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
+    """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
+    and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
+    x = task.train.inputs[:2]
+    x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
+    targets = task.train.targets[:2].to(device)
+    was_training = model.training
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        for mode in (False, True):
+            model.train(mode)
+            try:
+                with torch.no_grad():
+                    y = call_model(model, x, targets).outputs
+            except ModelConfigError:  # the call or its return value, said in one line
+                raise
+            except (RuntimeError, IndexError) as err:  # shape mismatch, or token ids outside an embedding
+                raise ConfigError(
+                    f"model does not accept the inputs of task '{task.name}' (per-sample shape "
+                    f"{tuple(task.input_shape)}, {task.in_features} features)"
+                    f"{' in training mode' if mode else ''}: {str(err).strip().splitlines()[0]}{_called(model)}"
+                ) from None
+            except Exception as err:  # anything a user's forward raises
+                raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
+                                  f"task '{task.name}': {one_line(err)}{_called(model)}") from None
+    finally:
+        model.train(was_training)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+    expected = tuple(task.expected_output_shape)
+    if tuple(y.shape[1:]) != expected:
+        classes = f" ({task.num_outputs} classes)" if len(expected) == 1 else ""
+        raise ConfigError(
+            f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' expects {expected}{classes}"
+        )
+
+
+def _called(model) -> str:
+    """How the model was called, where that is more than ``model(inputs)`` (said in refusals)."""
+    how = describe_call(model)
+    if how == "model(inputs)" and not model_call(model).described():
+        return ""
+    layout = "" if model_call(model).layout == "time_first" else \
+        "; a model that reads (T, B) inputs needs --model-call layout=time_first"
+    return f" (called as {how}{layout})"
