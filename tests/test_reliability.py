@@ -337,7 +337,7 @@ def test_bench_refuses_an_unwritable_out_before_timing(tmp_path, capsys, monkeyp
     def read_only(dir, **_):
         raise PermissionError(errno.EACCES, "Permission denied", str(dir))
 
-    monkeypatch.setattr("trainers.cli.tempfile.NamedTemporaryFile", read_only)
+    monkeypatch.setattr("trainers.cli.bench.tempfile.NamedTemporaryFile", read_only)
     monkeypatch.setattr(trainers.bench, "bench_scan", lambda **_: pytest.fail("timed before checking --out"))
     assert bench_main(["--suite", "scan", "--lengths", "8", "--steps", "20", "--out", str(tmp_path / "o")]) == 2
     assert "Permission denied" in one_line_error(capsys)

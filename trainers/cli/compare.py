@@ -1,0 +1,140 @@
+"""``compare``: several trainers over seeds on one model and task, optionally tuned first, at equal
+samples, steps or time (``scripts/compare.py``, ``gradengines compare``)."""
+
+import math
+import sys
+
+from trainers.cli.args import (
+    add_settings_flag,
+    base_parser,
+    build_from_args,
+    check_run_flags,
+    int_list,
+    join_job,
+)
+from trainers.cli.process import run_cli
+from trainers.core.errors import (
+    ConfigError,
+    NonFiniteLossError,
+)
+from trainers.core.options import options_from_args
+from trainers.core.registry import available
+from trainers.experiments.budget import BUDGETS, reference_trainer
+from trainers.experiments.compare import compatible, run_comparison
+from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
+from trainers.run.config import TrainConfig
+from trainers.run.threads import set_threads
+
+__all__ = ["compare_main", "DEFAULT_COMPARISON"]
+
+
+# The comparison ``scripts/compare.py`` runs with no arguments (under a minute on 2 CPU cores);
+# flags replace single entries, and ``--model`` drops the model entries. Optimizer settings
+# come from each trainer's recipe (``trainers.experiments.recipes``), so none may appear here.
+DEFAULT_COMPARISON = dict(
+    task="digits", model="mlp", model_depth=4, model_width="64", model_activation="tanh",
+    model_orthogonal="bjorck", epochs=30, seeds="0,1,2", grad_agreement_every=10,
+)
+
+
+def compare_main(argv=None, prog: str | None = None) -> int:
+    """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = base_parser("Train several gradient engines on the same model, task and seeds; "
+                         "write TensorBoard runs, summary.md and comparison.png. "
+                         "With no arguments, runs the default comparison on digits.", prog)
+    parser.add_argument("--trainers", default=None,
+                        help="comma list of trainers (default: every trainer compatible with the model)")
+    parser.add_argument("--seeds", help="comma list of seeds")
+    parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
+    add_settings_flag(parser, default="recipe")
+    group = parser.add_argument_group("equal compute (trainers/experiments/budget.py, step_timing.py)")
+    group.add_argument("--budget", choices=BUDGETS, default="samples",
+                       help="what every trainer gets of the reference's run (--epochs or --steps at its batch size): "
+                            "samples (default: the same training samples, as --epochs always gave), steps (the same "
+                            "optimizer steps) or time (the same compute time by the timed step ratios: a cheaper "
+                            "step gets more steps)")
+    group.add_argument("--reference", default=None,
+                       help="the trainer the others are timed and judged against (default: backprop if compared, "
+                            "else the first)")
+    group.add_argument("--target", type=float, default=None,
+                       help="validation metric of the time-to-target table (default: 0.95 x the reference's best "
+                            "accuracy, or its best perplexity / 0.95)")
+    group.add_argument("--timing-rounds", type=int, default=30,
+                       help="rounds of the round-robin step timing, one step of every trainer each (default: 30)")
+    group = parser.add_argument_group("tuning (trainers/experiments/tuning.py)")
+    group.add_argument("--tune", action="store_true",
+                       help="first search each trainer's settings on the validation split (one seed; default grid: "
+                            "its learning rate x 10^(-1, -0.5, 0, 0.5, 1), 5 runs per trainer), then run the seeds at "
+                            "each trainer's best point; the test split is evaluated on those runs only")
+    group.add_argument("--tune-grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="a grid dimension (repeatable): lr or another training option, or an engine option "
+                            "as TRAINER.OPTION, e.g. --tune-grid foton.temperature=1,4,8; the budget per trainer "
+                            "is the product of the dimensions")
+    group.add_argument("--tune-seed", type=int, default=None, help="seed of the trials (default: the first seed)")
+    model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
+    parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
+                           if not (model_given and k.startswith("model"))})
+    parser.set_defaults(log_axis="samples")  # TensorBoard's step: samples seen, so batch sizes overlay
+    args = parser.parse_args(argv)
+
+    def main():
+        set_threads(args.threads)
+        check_run_flags(args)
+        here = join_job(args)
+        seeds = int_list(args.seeds, "--seeds")
+        if not seeds:
+            raise ConfigError("--seeds lists no seed")
+        if args.trainers is None:
+            probe = build_from_args(args, "backprop", seeds[0]).model
+            names = [t for t in available() if compatible(t, probe)]
+        else:
+            names = [t.strip() for t in args.trainers.split(",") if t.strip()]
+            if not names or len(set(names)) < len(names):
+                raise ConfigError(f"--trainers must list each trainer once, got {args.trainers!r}")
+        experiment = args.experiment or f"compare-{args.task}"
+        if args.run_name is not None and len(names) != 1:
+            raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
+        if args.tune_grid and not args.tune:
+            raise ConfigError("--tune-grid is a grid for --tune; pass --tune too")
+        if args.timing_rounds < 5:
+            raise ConfigError(f"--timing-rounds must be >= 5 for a meaningful median, got {args.timing_rounds}")
+        if args.target is not None and not math.isfinite(args.target):
+            raise ConfigError(f"--target must be a finite number, got {args.target}")
+        reference_trainer(names, args.reference)  # an unknown reference fails before any work
+        tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
+        out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds,
+                             logdir=args.logdir, run_name=args.run_name, experiment=experiment,
+                             epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
+                             overwrite=args.overwrite, allow_changes=list(options_from_args(args, TrainConfig)),
+                             budget=args.budget, reference=args.reference, target=args.target,
+                             timing_rounds=args.timing_rounds)
+        if here.is_main:
+            print(out["table"])
+            print(f"runs, summary.md and comparison.png in {out['dir']}")
+            print(f"tensorboard --logdir {out['dir']}")
+        if out["failures"]:
+            names = ", ".join(f"{f['run']} seed {f['seed']}" for f in out["failures"])
+            raise NonFiniteLossError(f"{len(out['failures'])} run(s) stopped on a non-finite loss ({names}); "
+                                     f"the others finished, see {out['dir'] / 'summary.md'}")
+
+    return run_cli(main)
+
+
+def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) -> dict[str, dict]:
+    """``--tune``: each trainer's grid search (``trainers.experiments.tuning``); returns trainer -> its record."""
+    grid = parse_grid(args.tune_grid, names)
+    seed = seeds[0] if args.tune_seed is None else args.tune_seed
+    base = {t: build_from_args(args, t, seed, args.settings) for t in names}  # every setup checked first
+    records = {}
+    for t in names:
+        record = tune_trainer(lambda tr, s, values: build_from_args(args, tr, s, args.settings, {"values": values}),
+                              t, trainer_grid(grid, t, base[t].config.lr), seed, logdir=args.logdir,
+                              experiment=experiment, epochs=None if args.steps else args.epochs, steps=args.steps,
+                              resume=args.resume)
+        records[t] = {"values": record["best"], "grid": record["grid"], "budget": record["budget"], "seed": seed}
+        if here.is_main:
+            print(f"tuned {t}: {trial_name(record['best'])} (best val {record['metric']} "
+                  f"{record['best_val'][record['metric']]:.4f}, {record['budget']} trials on seed {seed})")
+    return records
+

@@ -1,0 +1,42 @@
+"""``table``: a Markdown table (and a figure) of finished runs' results (``scripts/table.py``,
+``gradengines table``)."""
+
+
+
+from trainers.cli.args import OneLineParser
+from trainers.cli.process import run_cli
+from trainers.core.errors import (
+    DataError,
+)
+
+__all__ = ["table_main"]
+
+
+def table_main(argv=None, prog: str | None = None) -> int:
+    """``scripts/table.py``: the result.json files below a folder as one Markdown table (and a figure)."""
+    from trainers.experiments.compare import collect_results, pivot_cells, pivot_table
+
+    parser = OneLineParser(prog=prog, description="Gather the result.json files of many runs into one Markdown "
+                                                  "table: rows are experiment folders, columns run names, cells "
+                                                  "mean ± std over seeds (count).")
+    parser.add_argument("root")
+    parser.add_argument("--value", choices=["test", "best_val", "final_val"], default="test")
+    parser.add_argument("--columns", default=None, help="comma list of run names, in order")
+    parser.add_argument("--plot", default=None, help="also write a PNG: one panel per experiment, metric per run")
+    args = parser.parse_args(argv)
+
+    def main():
+        rows = collect_results(args.root)
+        if not rows:
+            raise DataError(f"no result.json below {args.root}")
+        columns = args.columns.split(",") if args.columns else None
+        print(pivot_table(rows, value=args.value, columns=columns), end="")
+        if args.plot:
+            from trainers.experiments.plots import plot_runs
+
+            cells, experiments, runs = pivot_cells(rows, value=args.value, columns=columns)
+            plot_runs(cells, experiments, runs, f"{args.value} {rows[0]['metric']}", args.plot)
+            print(f"figure: {args.plot}")
+
+    return run_cli(main)
+

@@ -1,0 +1,56 @@
+"""``train``: one trainer, one run (``scripts/train.py``, ``gradengines train``)."""
+
+import json
+from pathlib import Path
+
+from trainers.cli.args import (
+    add_settings_flag,
+    base_parser,
+    build_from_args,
+    check_run_flags,
+    join_job,
+    other_trainer_flags,
+)
+from trainers.cli.process import run_cli
+from trainers.core.options import options_from_args
+from trainers.core.registry import available
+from trainers.run.config import TrainConfig
+from trainers.run.hparams import write_experiment_config
+from trainers.run.rundir import note
+from trainers.run.threads import set_threads
+from trainers.run.trainer import Trainer
+
+__all__ = ["train_main"]
+
+
+def train_main(argv=None, prog: str | None = None) -> int:
+    """``scripts/train.py``: train one model with one trainer."""
+    parser = base_parser("Train a zoo model (or your own, --model FILE.py:CLASS) on a task with one gradient engine.",
+                         prog)
+    parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
+    parser.add_argument("--experiment", default="train", help="experiment folder under --logdir (default: train)")
+    add_settings_flag(parser, default="shared")
+    args = parser.parse_args(argv)
+
+    def main():
+        set_threads(args.threads)
+        check_run_flags(args)
+        here = join_job(args)
+        setup = build_from_args(args, args.trainer, settings=args.settings)
+        unused = [f"--{(t + '_' + k).replace('_', '-')}" for t, flags in other_trainer_flags(args, args.trainer).items()
+                  for k in flags]
+        if unused and here.is_main:
+            note(f"{', '.join(unused)} {'is an option' if len(unused) == 1 else 'are options'} of another trainer, "
+                 f"unused by '{args.trainer}'")
+        trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=args.logdir,
+                          experiment=args.experiment, run_name=args.run_name, overwrite=args.overwrite,
+                          meta=setup.meta, settings=setup.settings)
+        report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
+                             allow_changes=list(options_from_args(args, TrainConfig)))
+        if here.is_main:
+            if not trainer.finished_before:
+                write_experiment_config(Path(args.logdir) / args.experiment)
+            print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
+
+    return run_cli(main)
+
