@@ -81,7 +81,8 @@ def test_every_module_of_trainers_is_in_a_layer():
      "trainers.engines.backprop (trainers.engines) imports trainers.run.trainer (trainers.run)"),
     ("trainers/run/trainer.py", "from trainers.cli import train_main",
      "trainers.run.trainer (trainers.run) imports trainers.cli (trainers.cli)"),
-    ("models/mlp.py", "import trainers.core.errors", "models.mlp (models) imports trainers.core.errors (trainers.core)"),
+    ("models/mlp.py", "import trainers.core.errors",
+     "models.mlp (models) imports trainers.core.errors (trainers.core)"),
 ])
 def test_an_upward_import_is_found(tmp_path, module, line, expected):
     """The check on a copy of the tree with one upward import added (the real tree is never touched)."""

@@ -11,10 +11,9 @@ from torch import nn
 import models
 import tasks
 import trainers
+from models.cayley import cayley_retract, cayley_retract_lowrank
 from models.errors import ModelConfigError
 from models.orthogonal import (
-    cayley_retract,
-    cayley_retract_lowrank,
     make_orthogonal,
     orthogonal_method,
     orthogonality_error,
