@@ -166,11 +166,15 @@ CNNS = {"user": lambda: user_cnn(dropout=0.2), "ortho_lenet": lambda: zoo_cnn("o
 def test_fa_with_the_forward_kernels_as_feedback_is_backprop_on_a_cnn(cnn):
     """B_l = A_l: the transposed convolution with the layer's own kernel (nn.Conv2d, strided), the adjoint of an
     orthogonal convolution with its own weight (the zoo), the dense layers' W: FA's error path is backprop's."""
-    from trainers.engines.feedback_alignment import _forward_tensor
+    from trainers.engines.forward_only import linear_part
+
+    def forward_tensor(layer):  # W, the conv kernel, or the orthogonal convolution's weight
+        inner = linear_part(layer)
+        return inner.weight if inner is not None else layer.weight if hasattr(layer, "weight") else layer.conv.weight
 
     model, (x, y) = CNNS[cnn](), image_batch()
     fa = trainers.build_engine("fa")
-    fa.load_state_dict({"feedback": [_forward_tensor(layer).detach().clone() for layer in model.layers[1:]]})
+    fa.load_state_dict({"feedback": [forward_tensor(layer).detach().clone() for layer in model.layers[1:]]})
     torch.manual_seed(7)
     got = grads(model, fa, x, y)
     torch.manual_seed(7)  # the same dropout masks

@@ -71,14 +71,15 @@ def feedback_kind(layer: nn.Module) -> str | None:
     return "adjoint" if _kernel(layer) is not None else None
 
 
-def _forward_tensor(layer: nn.Module) -> torch.Tensor:
-    """The tensor FA's feedback takes the shape (and fan-in) of: W, the kernel, the module's weight."""
+def feedback_shape(layer: nn.Module) -> tuple[tuple[int, ...], int]:
+    """(shape, fan-in) of FA's random tensor for ``layer``: W's, the kernel's, the module's weight's; read from
+    the module's sizes, never by computing a parametrized weight (geotorch's would cost a matrix exponential)."""
     kind = feedback_kind(layer)
     if kind == "dense":
-        return linear_part(layer).weight
-    if kind == "conv":
-        return layer.weight
-    return _kernel(layer)[1]
+        linear = linear_part(layer)
+        return (linear.out_features, linear.in_features), linear.in_features
+    weight = layer.weight if kind == "conv" else _kernel(layer)[1]
+    return tuple(weight.shape), weight[0].numel()
 
 
 def _graph(output: torch.Tensor) -> torch.Tensor | None:
@@ -179,8 +180,7 @@ class FeedbackAlignment(_RandomFeedback):
         self._twins: dict[int, nn.Module] = {}  # fixed random copies of adjoint modules, made from the feedback
 
     def feedback_shapes(self, layers, hidden, outputs):
-        tensors = [_forward_tensor(layer) for layer in layers[1:]]  # B_2 .. B_L
-        return [(tuple(t.shape), t[0].numel()) for t in tensors]
+        return [feedback_shape(layer) for layer in layers[1:]]  # B_2 .. B_L
 
     def project(self, hidden, delta_above, e, shape):
         layer, B = self._layers[hidden + 1], self.feedback[hidden]
