@@ -41,11 +41,7 @@ from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
-from trainers.core.errors import (
-    ConfigError,
-    RunWriteError,
-    spell,
-)
+from trainers.core.errors import ConfigError, RunWriteError, spell
 from trainers.core.options import as_dict, parse_options
 from trainers.core.rng import rng_state
 from trainers.run import lifecycle
