@@ -395,3 +395,15 @@ def test_the_command_line_refuses_what_it_cannot_call_in_one_line(model_file, pt
         assert train_main([*flags, *ptb]) == 2
         err = capsys.readouterr().err
         assert expected in err and err.count("\n") == 1, err
+
+
+def test_a_resume_under_another_declared_call_is_refused_in_one_line(model_file, ptb, capsys):
+    from trainers.cli import train_main
+
+    flags = ["--model", f"{model_file}:GPT", "--checkpoint-every", "1", *ptb]
+    assert train_main([*flags, "--model-call", "loss=model"]) == 0
+    capsys.readouterr()
+    assert train_main([*flags, "--steps", "3", "--resume"]) == 2  # the later --steps wins
+    err = capsys.readouterr().err
+    assert "its checkpoint is of another model (call 'loss=model' there, None here)" in err and err.count("\n") == 1
+    assert train_main([*flags, "--steps", "3", "--resume", "--model-call", "loss=model"]) == 0
