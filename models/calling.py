@@ -42,7 +42,7 @@ from torch import nn
 from models.errors import ModelConfigError
 
 __all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "model_call", "describe",
-           "CALL_KEYS"]
+           "passes_state", "CALL_KEYS"]
 
 TARGET_NAMES = ("targets", "target", "labels", "y")  # a forward parameter of this name receives the targets
 LAYOUTS = ("batch_first", "time_first")
@@ -161,6 +161,11 @@ def describe(model: nn.Module) -> str:
     if plan.targets is not None:
         args.append(f"{plan.targets}=targets")
     return f"model({', '.join(args)})"
+
+
+def passes_state(model: nn.Module) -> bool:
+    """Whether ``model`` is called with a state (a recurrent forward, which may read (T, B) inputs)."""
+    return _plan(model).state is not None
 
 
 def _hint(what: str) -> str:

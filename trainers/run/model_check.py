@@ -3,19 +3,23 @@ in eval and in training mode, called as declared (``models.calling``); every fai
 
 import torch
 
-from models.calling import call_model, model_call
+from models.calling import call_model, model_call, passes_state
 from models.calling import describe as describe_call
 from models.errors import ModelConfigError, one_line
 from trainers.core.errors import ConfigError
 
-__all__ = ["check_task_model"]
+__all__ = ["check_task_model", "to_device"]
+
+
+def to_device(x, device, dtype):
+    """Move a batch of inputs to ``device``; only floating-point inputs take ``dtype`` (token ids stay int64)."""
+    return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
 
 
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
     and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
-    x = task.train.inputs[:2]
-    x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
+    x = to_device(task.train.inputs[:2], device, dtype)
     targets = task.train.targets[:2].to(device)
     was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
@@ -55,6 +59,6 @@ def _called(model) -> str:
     how = describe_call(model)
     if how == "model(inputs)" and not model_call(model).described():
         return ""
-    layout = "" if model_call(model).layout == "time_first" else \
-        "; a model that reads (T, B) inputs needs --model-call layout=time_first"
+    layout = "; a model that reads (T, B) inputs needs --model-call layout=time_first" \
+        if passes_state(model) and model_call(model).layout != "time_first" else ""
     return f" (called as {how}{layout})"

@@ -46,7 +46,7 @@ from trainers.core.options import as_dict, parse_options
 from trainers.core.rng import rng_state
 from trainers.run import lifecycle
 from trainers.run.config import SHARED_SETTINGS, TrainConfig
-from trainers.run.model_check import check_task_model
+from trainers.run.model_check import check_task_model, to_device
 from trainers.run.optim import build_optimizer, build_scheduler
 from trainers.run.progress import Progress
 from trainers.run.rundir import RunDirectory, run_path
@@ -73,11 +73,6 @@ def split_fingerprint(task: Task) -> str:
         digest.update(split.targets.contiguous().numpy().tobytes())
     digest.update(task.train.inputs[:64].contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def _to_device(x, device, dtype):
-    """Move a batch of inputs to ``device``; only floating-point inputs take ``dtype`` (token ids stay int64)."""
-    return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
 
 
 class Trainer:
@@ -195,7 +190,7 @@ class Trainer:
             self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
         rows = self.parallel.shard(self._order[1][index * self.global_batch:(index + 1) * self.global_batch])
         inputs, targets = self.task.train.inputs[rows], self.task.train.targets[rows]
-        return _to_device(inputs, self.device, self.dtype), targets.to(self.device)
+        return to_device(inputs, self.device, self.dtype), targets.to(self.device)
 
     @torch.no_grad()
     def evaluate(self, split: str = "val", rows: torch.Tensor | None = None) -> dict[str, float]:
@@ -212,7 +207,7 @@ class Trainer:
         rows = self.parallel.shard(torch.arange(len(data)) if rows is None else rows)
         for start in range(0, len(rows), self.cfg.eval_batch_size):
             batch = rows[start:start + self.cfg.eval_batch_size]
-            x = _to_device(data.inputs[batch], self.device, self.dtype)
+            x = to_device(data.inputs[batch], self.device, self.dtype)
             y = data.targets[batch].to(self.device)
             out = call_model(self.model, x, y).outputs
             n = float((y != IGNORE_INDEX).sum())
