@@ -10,7 +10,9 @@ them train without a wrapper class:
   model has one, else ``None``; the output is the tuple's first element;
 * ``forward(idx, targets=None)`` returning ``(logits, loss)`` (nanoGPT's ``GPT``):
   the targets are passed by keyword (nanoGPT returns only the last position's
-  logits without them); the output is the first element;
+  logits without them); the output is the first element. A ``labels`` keyword
+  (transformers' models) receives them only when the model's loss is used: the
+  model would compute a loss every step that nothing reads;
 * a dict (or a Hugging Face output) with ``logits``, an object with ``.logits``.
 
 These common shapes need no configuration; anything else (a dict without
@@ -26,6 +28,15 @@ Highway-BP over time) it uses the loss the model returns (the tuple's 0-d tensor
 after the output, or ``loss`` of a dict or object) instead of the task's loss of
 the output; engines that need the output error itself (FOTON, PEPITA, FA, DFA,
 Highway-BP on a residual stack) and every evaluation use the task's loss.
+The model's loss must BE the task's loss: on its first use it is compared with the
+task's loss of the same outputs, in value and in its gradient at the outputs, and a
+difference is refused in one line (``check_own_loss``). The case this catches: a
+causal LM of transformers shifts ``labels`` itself, and the task's targets are
+already the next tokens, so it would train on the token after next (at
+initialisation the loss differs by only ~1e-3 relative; its gradient at the
+outputs by ~1.4). ``targets="labels+shift_labels"`` passes the targets under both
+keywords: transformers' causal-LM loss then scores every position against the
+targets as given (passing the inputs as ``labels`` would score T - 1 positions).
 ``layout="time_first"``: the model takes (T, B, ...) inputs; the call transposes
 the task's (B, T, ...) inputs and gives the output back as (B, T, ...) (a
 flattened (T*B, V) output, as ``RNNModel`` returns, is unflattened first).
@@ -39,12 +50,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, one_line
 
-__all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "model_call", "describe",
-           "passes_state", "CALL_KEYS"]
+__all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "check_own_loss", "model_call",
+           "describe", "passes_state", "CALL_KEYS"]
 
-TARGET_NAMES = ("targets", "target", "labels", "y")  # a forward parameter of this name receives the targets
+TARGET_NAMES = ("targets", "target", "y")  # a forward parameter of this name receives the targets
+OWN_LOSS_TARGET_NAMES = ("targets", "target", "labels", "y")  # ... and ``labels`` where the model's loss is used
 LAYOUTS = ("batch_first", "time_first")
 LOSSES = ("task", "model")
 CALL_KEYS = ("output", "state", "targets", "layout", "loss")
@@ -57,7 +69,8 @@ class ModelCall:
     output: ``"auto"``, a tuple index (int) or a dict key / attribute name (str).
     state: ``"auto"``, ``"none"`` (pass ``None``), ``"no"`` (pass nothing), or the name of a method
         called with the batch size for a fresh state (``"init_hidden"``).
-    targets: ``"auto"``, ``"no"``, or the keyword that receives the targets.
+    targets: ``"auto"``, ``"no"``, or the keyword that receives the targets; ``"a+b"`` passes them under
+        both (``"labels+shift_labels"``: transformers' causal LMs, unshifted).
     layout: ``"batch_first"`` or ``"time_first"``.
     loss: ``"task"`` or ``"model"`` (the model's own loss where an engine needs only a loss).
     """
@@ -72,9 +85,11 @@ class ModelCall:
         if isinstance(self.output, bool) or not isinstance(self.output, (int, str)) or self.output == "":
             raise ModelConfigError(f"model call: output is a tuple index, a key or an attribute name, got "
                                    f"{self.output!r}")
-        for key in ("state", "targets"):
-            if not isinstance(getattr(self, key), str) or not getattr(self, key).isidentifier():
-                raise ModelConfigError(f"model call: {key} is auto, none, no or a name, got {getattr(self, key)!r}")
+        if not isinstance(self.state, str) or not self.state.isidentifier():
+            raise ModelConfigError(f"model call: state is auto, none, no or a name, got {self.state!r}")
+        if not isinstance(self.targets, str) or not all(n.isidentifier() for n in self.targets.split("+")):
+            raise ModelConfigError(f"model call: targets is auto, no, a keyword or keywords joined by '+', got "
+                                   f"{self.targets!r}")
         if self.layout not in LAYOUTS:
             raise ModelConfigError(f"model call: layout is {' or '.join(LAYOUTS)}, got {self.layout!r}")
         if self.loss not in LOSSES:
@@ -114,8 +129,9 @@ class _Plan:
     """A call with the signature read: what exactly is passed."""
 
     state: str | None  # None: nothing; "none": None; else the method making a fresh state
-    targets: str | None  # the keyword receiving the targets, or None
+    targets: tuple[str, ...]  # the keywords receiving the targets (none: not passed)
     call: ModelCall
+    checked: list = dataclasses.field(default_factory=list)  # [True] once the model's own loss was compared
 
 
 def _signature(model: nn.Module) -> list[inspect.Parameter]:
@@ -134,10 +150,12 @@ def _plan(model: nn.Module) -> _Plan:
     named = {p.name for p in params} | ({"*"} if any(p.kind is p.VAR_KEYWORD for p in params) else set())
     targets = call.targets
     if targets == "auto":
-        targets = next((p.name for p in params if p.name in TARGET_NAMES and p.kind is not p.POSITIONAL_ONLY), "no")
-    elif targets != "no" and targets not in named and "*" not in named:
-        raise ModelConfigError(f"model call: {type(model).__name__}.forward has no parameter '{targets}' for the "
-                               f"targets (its parameters: {', '.join(p.name for p in params) or 'the input only'})")
+        names = OWN_LOSS_TARGET_NAMES if call.loss == "model" else TARGET_NAMES
+        targets = next((p.name for p in params if p.name in names and p.kind is not p.POSITIONAL_ONLY), "no")
+    for name in targets.split("+") if targets != "no" else ():
+        if name not in named and "*" not in named:
+            raise ModelConfigError(f"model call: {type(model).__name__}.forward has no parameter '{name}' for the "
+                                   f"targets (its parameters: {', '.join(p.name for p in params) or 'the input only'})")
     state = call.state
     if state == "auto":
         required = [p for p in params if p.default is p.empty and p.name != targets
@@ -145,7 +163,7 @@ def _plan(model: nn.Module) -> _Plan:
         state = ("init_hidden" if callable(getattr(model, "init_hidden", None)) else "none") if required else "no"
     elif state not in ("none", "no") and not callable(getattr(model, state, None)):
         raise ModelConfigError(f"model call: {type(model).__name__} has no method '{state}' making a fresh state")
-    plan = _Plan(None if state == "no" else state, None if targets == "no" else targets, call)
+    plan = _Plan(None if state == "no" else state, () if targets == "no" else tuple(targets.split("+")), call)
     model.__dict__["_gradengines_plan"] = plan
     return plan
 
@@ -158,8 +176,7 @@ def describe(model: nn.Module) -> str:
         args.append("None")
     elif plan.state is not None:
         args.append(f"model.{plan.state}(B)")
-    if plan.targets is not None:
-        args.append(f"{plan.targets}=targets")
+    args.extend(f"{name}=targets" for name in plan.targets)
     return f"model({', '.join(args)})"
 
 
@@ -237,8 +254,9 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
     elif plan.state is not None:
         args.append(getattr(model, plan.state)(inputs.shape[0]))
     kwargs = {}
-    if plan.targets is not None and targets is not None:
-        kwargs[plan.targets] = targets.transpose(0, 1) if time_first and targets.dim() > 1 else targets
+    if targets is not None:
+        passed = (targets.transpose(0, 1) if time_first and targets.dim() > 1 else targets).contiguous()
+        kwargs = dict.fromkeys(plan.targets, passed)  # contiguous: transformers' losses view them
     value = model(*args, **kwargs)
     if isinstance(value, torch.Tensor) and call.output == "auto":
         outputs = value
@@ -264,6 +282,53 @@ def _batch_first(outputs: torch.Tensor, steps: int, batch: int) -> torch.Tensor:
 
 def forward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(outputs, loss)`` of one forward: the model's own loss if declared (``loss="model"``), else the task's."""
+    """``(outputs, loss)`` of one forward: the model's own loss if declared (``loss="model"``), else the task's.
+    The model's own loss is checked against the task's on its first use (``check_own_loss``)."""
     result = call_model(model, inputs, targets)
-    return result.outputs, result.loss if result.loss is not None else loss_fn(result.outputs, targets)
+    if result.loss is None:
+        return result.outputs, loss_fn(result.outputs, targets)
+    plan = _plan(model)
+    if not plan.checked:
+        check_own_loss(result.loss, result.outputs, targets, loss_fn)
+        plan.checked.append(True)
+    return result.outputs, result.loss
+
+
+VALUE_RTOL = 1e-5  # float32 rounding of one cross-entropy: ~1e-7 relative; the double shift at initialisation: ~1e-3
+GRADIENT_RTOL = 1e-3  # ||d own/d y - d task/d y|| / ||d task/d y||: ~1e-6 in float32; the double shift: ~1.4
+
+
+def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """Refuse (one line) a model's own loss that is not the task's loss ``loss_fn(outputs, targets)``.
+
+    Compared in value (relative ``VALUE_RTOL``, or 16 ulp of a coarser dtype) and, where the loss is
+    computed from the returned outputs, in its gradient at them (relative ``GRADIENT_RTOL``): a loss
+    against shifted targets can be within 1e-3 of the right one in value at initialisation, but its
+    gradient at the outputs points at other tokens (relative difference ~sqrt(2))."""
+    with torch.enable_grad():
+        probe = outputs.detach().double().requires_grad_()
+        try:
+            task = loss_fn(probe, targets)
+        except (RuntimeError, IndexError, ValueError) as err:  # e.g. a model's own ignore index (nanoGPT: -1)
+            raise ModelConfigError(f"model call: loss=model, but the task's loss, which it must equal, cannot be "
+                                   f"computed on these targets to compare ({one_line(err)})") from None
+        task_grad = torch.autograd.grad(task, probe)[0] if task.requires_grad else None
+    gap = abs(float(own.detach()) - float(task.detach())) / max(abs(float(task.detach())), 1e-12)
+    tolerance = max(VALUE_RTOL, 16 * torch.finfo(outputs.dtype).eps) if outputs.is_floating_point() else VALUE_RTOL
+    grad_gap = None
+    if own.requires_grad and outputs.requires_grad and task_grad is not None:
+        own_grad = torch.autograd.grad(own, outputs, retain_graph=True, allow_unused=True)[0]
+        if own_grad is not None:
+            grad_gap = float((own_grad.double() - task_grad).norm() / task_grad.norm().clamp_min(1e-300))
+    if gap <= tolerance and (grad_gap is None or grad_gap <= max(GRADIENT_RTOL, tolerance)):
+        return
+    apart = f"; its gradient at the outputs {grad_gap:.2g} relative apart" if grad_gap is not None else ""
+    mine, theirs = float(own.detach()), float(task.detach())
+    raise ModelConfigError(
+        f"model call: loss=model, but the model's own loss {mine:.8g} is not the task's loss {theirs:.8g} "
+        f"of its outputs on the first batch (relative difference {gap:.2g}{apart}); the likely cause: a causal LM "
+        f"that shifts `labels` itself (transformers' *ForCausalLM) while the task's targets are already the next "
+        f"tokens, which trains on the token after next. Pass them unshifted: --model-call targets=labels+shift_labels "
+        f"(Python: models.declare_call(model, loss='model', targets='labels+shift_labels')), or use the task's loss "
+        f"(no loss=model)")

@@ -227,10 +227,100 @@ def test_a_logits_loss_model_gets_its_targets_and_its_own_loss_on_request():
     logits, loss = model(x, y)
     torch.testing.assert_close(call_model(model, x, y).outputs, logits, rtol=0, atol=0)  # every position
     assert call_model(model, x, y).loss is None  # the task's loss, unless declared
-    exact = autograd(model, loss)
-    own = grads(models.declare_call(model, loss="model"), trainers.build_engine("backprop"), x, y,
-                loss_fn=lambda out, t: out.sum() * float("nan"))  # never read: the model's loss is used
-    assert_same(own, exact, tol=1e-12)
+    x, y = batch()  # the task's loss must read the targets: it is compared with the model's on the first use
+    exact = autograd(model, model(x, y)[1])
+    calls = []
+
+    def task_loss(out, t):
+        calls.append(1)
+        return sequence_cross_entropy(out, t)
+
+    engine = trainers.build_engine("backprop")
+    models.declare_call(model, loss="model")
+    assert_same(grads(model, engine, x, y, loss_fn=task_loss), exact, tol=1e-12)
+    assert len(calls) == 1  # the comparison on the first batch
+    assert_same(grads(model, engine, x, y, loss_fn=task_loss), exact, tol=1e-12)
+    assert len(calls) == 1  # afterwards the model's loss alone
+
+
+def test_a_model_loss_that_cannot_be_compared_with_the_tasks_is_one_line():
+    model = models.declare_call(gpt(), loss="model")
+    x, y = batch(ignore=-1)  # nanoGPT's ignore index, which the task's loss (-100) reads as a class
+    with pytest.raises(models.ModelConfigError, match="the task's loss, which it must equal, cannot be computed") \
+            as info:
+        grads(model, trainers.build_engine("backprop"), x, y)
+    assert "\n" not in str(info.value)
+
+
+# ---- a model that computes its own loss against shifted labels (transformers' causal LMs) ---------
+
+class ShiftingLM(DictLM):
+    """transformers' causal-LM contract: ``labels`` are shifted inside (position t scored against
+    labels[t + 1]) unless ``shift_labels`` are given; the loss on float32 logits."""
+
+    def __init__(self, vocab=V, scale=1.0):
+        super().__init__(vocab)
+        self.scale, self.seen = scale, []
+
+    def forward(self, tokens, labels=None, shift_labels=None):
+        self.seen.append(sorted(k for k, v in (("labels", labels), ("shift_labels", shift_labels)) if v is not None))
+        logits = self.scale * super().forward(tokens)["logits"]
+        loss = None
+        if labels is not None:
+            if shift_labels is None:
+                shift_labels = F.pad(labels, (0, 1), value=-100)[:, 1:]
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1))
+        return {"logits": logits, "loss": loss}
+
+
+def test_labels_are_passed_only_when_the_models_loss_is_used():
+    torch.manual_seed(0)
+    model = ShiftingLM().double()
+    x, y = batch()
+    assert models.calling.describe(model) == "model(inputs)"
+    trainers.build_engine("backprop").compute_grads(model, x, y, sequence_cross_entropy)
+    assert model.seen == [[]]  # no loss computed that nothing reads
+    models.declare_call(model, loss="model", targets="labels+shift_labels")
+    assert models.calling.describe(model) == "model(inputs, labels=targets, shift_labels=targets)"
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-5])
+def test_a_model_loss_against_shifted_labels_is_refused_in_one_line(scale):
+    torch.manual_seed(0)
+    model = models.declare_call(ShiftingLM(scale=scale).double(), loss="model")  # auto: labels=targets
+    x, y = batch()
+    logits = model(x)["logits"]
+    gap = abs(model(x, labels=y)["loss"] - sequence_cross_entropy(logits, y)) / sequence_cross_entropy(logits, y)
+    assert (gap > 1e-3) if scale == 1.0 else (gap < 1e-5)  # near-uniform logits: the values nearly agree
+    with pytest.raises(models.ModelConfigError) as info:
+        trainers.build_engine("backprop").compute_grads(model, x, y, sequence_cross_entropy)
+    message = str(info.value)
+    assert "is not the task's loss" in message and "targets=labels+shift_labels" in message and "\n" not in message
+    assert all(p.grad is None for p in model.parameters())  # refused before any gradient is written
+
+
+def test_a_model_loss_given_unshifted_targets_is_the_tasks_and_trains_as_backprop():
+    torch.manual_seed(0)
+    model = ShiftingLM().double()
+    x, y = batch()
+    exact = autograd(model, sequence_cross_entropy(model(x)["logits"], y))
+    models.declare_call(model, loss="model", targets="labels+shift_labels")
+    assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-6)  # own loss: float32
+    model.seen.clear()
+    with pytest.raises(models.ModelConfigError):  # the same model and call without shift_labels
+        grads(models.declare_call(model, loss="model", targets="labels"), trainers.build_engine("backprop"), x, y)
+
+
+def test_float32_rounding_of_a_models_own_loss_is_accepted():
+    torch.manual_seed(0)
+    model = models.declare_call(ShiftingLM(), loss="model", targets="labels+shift_labels")  # float32
+    x, y = batch()
+    with torch.no_grad():
+        model.head.weight.mul_(30)  # large logits: the float32 loss rounds differently from a float64 one
+    own = model(x, labels=y, shift_labels=y)["loss"]
+    assert own.item() != sequence_cross_entropy(model(x)["logits"].double(), y).item()
+    trainers.build_engine("backprop").compute_grads(model, x, y, sequence_cross_entropy)
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def gpt_stack(model, x, y):
@@ -302,6 +392,7 @@ class ListFirst(TwoTensors):
     (ListFirst(), {"output": 1, "loss": "model"}, "loss=model, but the forward returns no single scalar loss"),
     (TwoTensors(), {"state": "init_hidden"}, "TwoTensors has no method 'init_hidden'"),
     (TwoTensors(), {"targets": "labels"}, "forward has no parameter 'labels'"),
+    (TwoTensors(), {"targets": "labels+shift_labels"}, "forward has no parameter 'labels'"),
 ])
 def test_a_return_value_that_cannot_be_read_is_one_line(model, call, expected):
     models.declare_call(model, **call)
@@ -313,7 +404,8 @@ def test_a_return_value_that_cannot_be_read_is_one_line(model, call, expected):
 @pytest.mark.parametrize("field, value, expected", [("layout", "seq_first", "layout is batch_first or time_first"),
                                                     ("loss", "mine", "loss is task or model"),
                                                     ("output", "", "output is a tuple index"),
-                                                    ("state", "a b", "state is auto, none, no or a name")])
+                                                    ("state", "a b", "state is auto, none, no or a name"),
+                                                    ("targets", "labels+", "targets is auto, no, a keyword or")])
 def test_a_bad_declaration_is_one_line(field, value, expected):
     with pytest.raises(models.ModelConfigError, match=expected):
         models.ModelCall(**{field: value})

@@ -3,7 +3,7 @@ in eval and in training mode, called as declared (``models.calling``); every fai
 
 import torch
 
-from models.calling import call_model, model_call, passes_state
+from models.calling import call_model, forward_loss, model_call, passes_state
 from models.calling import describe as describe_call
 from models.errors import ModelConfigError, one_line
 from trainers.core.errors import ConfigError
@@ -18,7 +18,8 @@ def to_device(x, device, dtype):
 
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
-    and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor."""
+    and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor; or if
+    its own loss, where declared (``loss="model"``), is not the task's loss of its outputs (``check_own_loss``)."""
     x = to_device(task.train.inputs[:2], device, dtype)
     targets = task.train.targets[:2].to(device)
     was_training = model.training
@@ -40,6 +41,12 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
             except Exception as err:  # anything a user's forward raises
                 raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
                                   f"task '{task.name}': {one_line(err)}{_called(model)}") from None
+        if model_call(model).loss == "model":
+            model.eval()
+            try:
+                forward_loss(model, x, targets, task.loss_fn)  # the first use compares it with the task's loss
+            except ModelConfigError as err:
+                raise ConfigError(str(err)) from None
     finally:
         model.train(was_training)
         with torch.no_grad():

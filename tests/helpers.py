@@ -1,0 +1,16 @@
+"""Helpers shared by test files (import as ``from helpers import ...``; tests/ is on pytest's path)."""
+
+from pathlib import Path
+
+import torch
+
+WORDS = tuple("the cat sat on a mat ran".split())  # + <unk>, <eos>: a vocabulary of 9 ids
+
+
+def write_tiny_ptb(directory: Path, lines=(60, 12, 12), words_per_line: int = 6, seed: int = 0) -> Path:
+    """A PTB-format word corpus (ptb.train/valid/test.txt) of the 7 ``WORDS`` in ``directory``; returns it."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, count in zip(("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"), lines, strict=True):
+        ids = torch.randint(0, len(WORDS), (count, words_per_line), generator=gen).tolist()
+        (directory / name).write_text("".join(" ".join(WORDS[i] for i in line) + "\n" for line in ids))
+    return directory

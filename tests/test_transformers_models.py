@@ -1,0 +1,122 @@
+"""Hugging Face transformers' models as researchers train them, on tiny random configurations (no
+download): GPT-2 and Llama causal LMs, BERT for sequence and token classification. Float64 where an
+identity is claimed. Skipped where transformers is not installed (CI installs it: requirements.txt)."""
+
+import pytest
+import torch
+from helpers import write_tiny_ptb
+
+import models
+import trainers
+from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from trainers.core.engine import trainable_parameters
+
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.set_verbosity_error()  # tiny configs: token ids outside the tiny vocabulary, etc.
+
+V, T, B = 23, 7, 3
+
+
+def gpt2(vocab=V, **overrides):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=16, n_embd=8, n_layer=2, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
+    return transformers.GPT2LMHeadModel(config).double()
+
+
+def llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+    return transformers.LlamaForCausalLM(config).double()
+
+
+CAUSAL = {"gpt2": gpt2, "llama": llama}
+
+
+def lm_batch(batch=B, steps=T, seed=1):
+    """Tokens and the next tokens, as the language tasks give them (targets already shifted)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, V, (batch, steps + 1), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def autograd_grads(model, loss):
+    named = trainable_parameters(model)
+    return dict(zip((n for n, _ in named), torch.autograd.grad(loss, [p for _, p in named]), strict=True))
+
+
+def engine_grads(model, engine, x, y, loss_fn=sequence_cross_entropy):
+    engine.compute_grads(model, x, y, loss_fn)
+    return {n: p.grad.clone() for n, p in trainable_parameters(model)}
+
+
+def relative(a: dict, b: dict) -> float:
+    num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
+    return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
+
+
+# ---- item 1: no silent wrong target ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_backprop_on_a_causal_lm_is_autograd_of_the_next_token_loss(name):
+    model = CAUSAL[name]()
+    x, y = lm_batch()
+    exact = autograd_grads(model, sequence_cross_entropy(model(x).logits, y))
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y), exact) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_the_default_call_passes_no_labels(name):
+    model = CAUSAL[name]()
+    assert models.calling.describe(model) == "model(inputs)"
+    x, y = lm_batch()
+    assert models.call_model(model, x, y).loss is None
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_the_models_own_loss_on_shifted_labels_is_refused_in_one_line(name):
+    model = models.declare_call(CAUSAL[name](), loss="model")  # labels=targets: shifted again inside
+    x, y = lm_batch()
+    with torch.no_grad():
+        own = model(x, labels=y).loss
+        task = sequence_cross_entropy(model(x).logits, y)
+    assert abs(float(own - task)) / float(task) < 0.05  # close in value: only the gradient shows how far
+    with pytest.raises(models.ModelConfigError) as info:
+        trainers.build_engine("backprop").compute_grads(model, x, y, sequence_cross_entropy)
+    message = str(info.value)
+    assert "\n" not in message and "shifts `labels` itself" in message and "targets=labels+shift_labels" in message
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_the_models_own_loss_with_shift_labels_trains_as_the_task_loss(name):
+    model = CAUSAL[name]()
+    x, y = lm_batch()
+    exact = autograd_grads(model, sequence_cross_entropy(model(x).logits, y))
+    models.declare_call(model, loss="model", targets="labels+shift_labels")
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y), exact) < 1e-6  # float32 loss
+
+
+def test_the_trainer_refuses_the_double_shift_before_training(tmp_path):
+    import tasks
+
+    task = tasks.build("ptb-word", data_dir=write_tiny_ptb(tmp_path), seq_len=T)
+    model = models.declare_call(gpt2(vocab=len(task.vocab)).float(), loss="model")
+    with pytest.raises(trainers.ConfigError, match="targets=labels\\+shift_labels") as info:
+        trainers.Trainer(model, trainers.build_engine("backprop"), task)
+    assert "\n" not in str(info.value)
+    models.declare_call(model, loss="model", targets="labels+shift_labels")
+    trainers.Trainer(model, trainers.build_engine("backprop"), task)  # accepted
+
+
+def test_bert_for_sequence_classification_own_loss_is_the_tasks():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=V, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=16, max_position_embeddings=16, num_labels=4,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = transformers.BertForSequenceClassification(config).double()
+    x = lm_batch()[0]
+    y = torch.tensor([0, 3, 1])
+    exact = autograd_grads(model, cross_entropy_loss(model(x).logits, y))
+    models.declare_call(model, loss="model")  # labels=targets: a classifier does not shift them
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss), exact) < 1e-6
