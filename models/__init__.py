@@ -5,7 +5,10 @@
 """
 
 from models import orthogonal, retraction
-from models.calling import ModelCall, call_model, declare_call
+from models.adapters.calling import ModelCall, call_model, declare_call
+from models.adapters.recurrent import wrap_recurrent
+from models.adapters.residual import ResidualView, residual_stack
+from models.adapters.sequential import SequentialStack, layer_stack
 from models.cnn import OrthoConvNet, OrthoLeNet
 from models.convnet import ConvNet
 from models.dropout import ConsistentDropout, frozen_masks
@@ -13,12 +16,9 @@ from models.errors import ModelConfigError
 from models.language_model import RecurrentBlockLM, RecurrentLM
 from models.mlp import MLP
 from models.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
-from models.recurrent_adapter import wrap_recurrent
 from models.registry import available, build, register_model, takes_option
-from models.residual_adapter import ResidualView, residual_stack
 from models.residual_mlp import ResidualMLP
 from models.resnet import ResNet
-from models.sequential import SequentialStack, layer_stack
 from models.transformer import GPT
 
 register_model("mlp")(MLP)

@@ -1,5 +1,5 @@
 """Models by name: ``build(name, **options)`` and ``available()``; a name ``FILE.py:NAME`` or
-``MODULE:NAME`` builds a user's model instead (``models.user``)."""
+``MODULE:NAME`` builds a user's model instead (``models.adapters.user``)."""
 
 import inspect
 from collections.abc import Callable
@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
+from models.adapters.user import accepts, build_reference, is_reference, load_reference
 from models.errors import ModelConfigError
-from models.user import accepts, build_reference, is_reference, load_reference
 
 __all__ = ["register_model", "build", "available", "takes_option"]
 
@@ -46,7 +46,7 @@ def takes_option(name: str, option: str) -> bool:
 
 
 def build(name: str, **options: Any) -> nn.Module:
-    """Instantiate the zoo model ``name`` (or the user's model a reference names, ``models.user``);
+    """Instantiate the zoo model ``name`` (or the user's model a reference names, ``models.adapters.user``);
     unknown names or options raise ``ModelConfigError``."""
     if is_reference(name):
         return build_reference(name, **options)

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import models
 import trainers
-from models.calling import call_model
+from models.adapters.calling import call_model
 from tasks.base import sequence_cross_entropy
 from trainers.core.engine import trainable_parameters
 
@@ -277,11 +277,11 @@ def test_labels_are_passed_only_when_the_models_loss_is_used():
     torch.manual_seed(0)
     model = ShiftingLM().double()
     x, y = batch()
-    assert models.calling.describe(model) == "model(inputs)"
+    assert models.adapters.calling.describe(model) == "model(inputs)"
     trainers.build_engine("backprop").compute_grads(model, x, y, sequence_cross_entropy)
     assert model.seen == [[]]  # no loss computed that nothing reads
     models.declare_call(model, loss="model", targets="labels+shift_labels")
-    assert models.calling.describe(model) == "model(inputs, labels=targets, shift_labels=targets)"
+    assert models.adapters.calling.describe(model) == "model(inputs, labels=targets, shift_labels=targets)"
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-5])

@@ -69,7 +69,7 @@ def test_backprop_on_a_causal_lm_is_autograd_of_the_next_token_loss(name):
 @pytest.mark.parametrize("name", sorted(CAUSAL))
 def test_the_default_call_passes_no_labels(name):
     model = CAUSAL[name]()
-    assert models.calling.describe(model) == "model(inputs)"
+    assert models.adapters.calling.describe(model) == "model(inputs)"
     x, y = lm_batch()
     assert models.call_model(model, x, y).loss is None
 

@@ -121,7 +121,7 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
                              "or object's logits), state=none|no|METHOD (default: model.init_hidden(B) when "
                              "forward requires a second argument), targets=no|KEYWORD (default: a parameter named "
                              "targets or labels), layout=batch_first|time_first, loss=task|model (the model's "
-                             "own loss where an engine needs only a loss); models/calling.py")
+                             "own loss where an engine needs only a loss); models/adapters/calling.py")
     parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
@@ -219,7 +219,7 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     for key, value in (("in_features", task.in_features), ("out_features", task.num_outputs)):
         if key not in model_options and models.takes_option(args.model, key):  # the task's sizes, if it takes them
             model_options[key] = value
-    user = models.user.is_reference(args.model)
+    user = models.adapters.user.is_reference(args.model)
     # geotorch's parametrizations cannot initialise on the meta device; the plain layer has their parameter count
     estimate_options = {**model_options, "orthogonal": None} if model_options.get("orthogonal") in ("expm", "cayley") \
         else model_options
@@ -248,9 +248,10 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
 def model_call_options(items: list[str]) -> dict:
     """``--model-call KEY=VALUE`` items as ``models.ModelCall`` fields; an unknown key is one line."""
     call = parse_key_values(items, "--model-call")
-    unknown = sorted(set(call) - set(models.calling.CALL_KEYS))
+    unknown = sorted(set(call) - set(models.adapters.calling.CALL_KEYS))
     if unknown:
-        raise ConfigError(f"--model-call has no key {unknown[0]!r}; keys: {', '.join(models.calling.CALL_KEYS)}")
+        keys = ", ".join(models.adapters.calling.CALL_KEYS)
+        raise ConfigError(f"--model-call has no key {unknown[0]!r}; keys: {keys}")
     call = {k: v if k == "output" and isinstance(v, int) else str(v) for k, v in call.items()}
     models.ModelCall(**call)  # checked before anything is built
     return call

@@ -14,9 +14,9 @@ A gradient engine turns (model, batch, loss) into a gradient estimate:
 
 ``loss_fn(outputs, targets)`` returns the mean loss over the batch. An engine that
 runs the model's own forward calls it through ``models.call_model`` (or
-``models.calling.forward_loss``), which passes a fresh state or the targets where
+``models.adapters.calling.forward_loss``), which passes a fresh state or the targets where
 the forward takes them and reads the output out of a tuple, dict or object
-(``models/calling.py``), so users' models need no wrapper.
+(``models/adapters/calling.py``), so users' models need no wrapper.
 ``engine.check(model)`` raises ``IncompatibleModelError`` with one line saying
 what the engine needs and which zoo models qualify.
 

@@ -11,7 +11,7 @@ zeros for parameters the loss does not reach.
 
 import torch
 
-from models.calling import forward_loss
+from models.adapters.calling import forward_loss
 from trainers.core.engine import GradientEngine, StepOutput, write_grads
 from trainers.core.registry import register_engine
 

@@ -47,7 +47,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from models.calling import forward_loss
+from models.adapters.calling import forward_loss
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
 from trainers.core.distributed import mean_over_ranks

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from models.calling import call_model
+from models.adapters.calling import call_model
 from trainers.core.errors import ConfigError
 
 __all__ = ["MAX_DEPTH", "estimate_bytes", "available_bytes", "check_fits"]

@@ -1,10 +1,10 @@
 """The check every model passes before training: it maps the task's inputs to outputs of the task's shape,
-in eval and in training mode, called as declared (``models.calling``); every failure is one line."""
+in eval and in training mode, called as declared (``models.adapters.calling``); every failure is one line."""
 
 import torch
 
-from models.calling import call_model, forward_loss, model_call, passes_state
-from models.calling import describe as describe_call
+from models.adapters.calling import call_model, forward_loss, model_call, passes_state
+from models.adapters.calling import describe as describe_call
 from models.errors import ModelConfigError, one_line
 from trainers.core.errors import ConfigError
 

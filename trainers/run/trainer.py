@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.calling import call_model, model_call
+from models.adapters.calling import call_model, model_call
+from models.adapters.user import is_reference
 from models.errors import ModelConfigError
 from models.retraction import CayleyRetraction
-from models.user import is_reference
 from tasks.base import IGNORE_INDEX, Task
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from models.calling import call_model
+from models.adapters.calling import call_model
 from models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualSublayer", "ResidualView", "residual_stack"]
@@ -54,6 +54,10 @@ class ResidualSublayer(nn.Module):
 
 class ResidualView(nn.Module):
     """The residual-stack view of a user's model (module docstring); its forward is head(blocks(stem(x)))."""
+
+    blocks: nn.ModuleList
+    _stem: Callable
+    _head: Callable
 
     def __init__(self, model: nn.Module, stem: Callable, sublayers: list[ResidualSublayer], head: Callable):
         super().__init__()

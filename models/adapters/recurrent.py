@@ -24,6 +24,8 @@ Refused in one ``ModelConfigError`` line: bidirectional modules, LSTM projection
 ``nn.RNN``, a model without such a module.
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -58,7 +60,7 @@ def _layer_view(module: nn.RNNBase, k: int) -> nn.Module:
     return view
 
 
-def _layered_forward(module: nn.RNNBase, views: list[nn.Module]):
+def _layered_forward(module: nn.RNNBase, views: list[Any]):
     lstm = isinstance(module, nn.LSTM)
 
     def forward(input, hx=None):

@@ -47,11 +47,17 @@ class FlattenedLinear(nn.Module):
 class SequentialStack(nn.Module):
     """The layer-stack view of an ``nn.Sequential`` (module docstring); ``forward`` is the Sequential's."""
 
+    layers: list[nn.Module]
+    dropouts: list[nn.Module]
+    act: nn.Module
+    _reshape: nn.Module | None
+
     def __init__(self, sequential: nn.Sequential):
         super().__init__()
         self.sequential = sequential  # the only registered child: Parameters keep their names and objects
         linears: list[nn.Module] = []
-        dropouts, acts = [], []
+        dropouts: list[nn.Module] = []
+        acts: list[nn.Module] = []
         items = list(sequential.named_children())
         reshape = bool(items) and isinstance(items[0][1], (nn.Flatten, nn.Unflatten))
         self.__dict__["_reshape"] = items[0][1] if reshape else None
@@ -72,7 +78,7 @@ class SequentialStack(nn.Module):
             if isinstance(module, nn.Conv2d) and module.padding_mode != "zeros":
                 raise ModelConfigError(f"layer_stack: sequential[{name}] pads with '{module.padding_mode}'; the "
                                        "engines' transposed convolutions assume zero padding")
-            linears.append(FlattenedLinear(module) if flatten else module)
+            linears.append(FlattenedLinear(module) if flatten and isinstance(module, nn.Linear) else module)
             position += 1
             if position == len(items):
                 break
