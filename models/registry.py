@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from models.adapters.user import accepts, build_reference, is_reference, load_reference
+from models.adapters.user import build_reference, is_reference, load_reference, names
 from models.errors import ModelConfigError
 
 __all__ = ["register_model", "build", "available", "takes_option"]
@@ -41,8 +41,9 @@ def _zoo_class(name: str) -> Callable[..., nn.Module]:
 
 
 def takes_option(name: str, option: str) -> bool:
-    """Whether the model ``name`` (zoo or reference) takes the keyword ``option``."""
-    return accepts(load_reference(name) if is_reference(name) else _zoo_class(name), option)
+    """Whether the model ``name`` (zoo or reference) names the keyword ``option`` (a ``**kwargs`` does not
+    count: the task's sizes are never pushed into one)."""
+    return names(load_reference(name) if is_reference(name) else _zoo_class(name), option)
 
 
 def build(name: str, **options: Any) -> nn.Module:

@@ -120,3 +120,54 @@ def test_bert_for_sequence_classification_own_loss_is_the_tasks():
     exact = autograd_grads(model, cross_entropy_loss(model(x).logits, y))
     models.declare_call(model, loss="model")  # labels=targets: a classifier does not shift them
     assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss), exact) < 1e-6
+
+
+# ---- item 4: an architecture by name, sized to the task ---------------------------------------------
+
+def test_an_architecture_by_name_is_built_from_its_config_and_sized_to_the_task():
+    model = models.build("transformers:BertForTokenClassification", input_vocab=10, out_features=9,
+                         input_shape=[70], num_hidden_layers=1, hidden_size=8, num_attention_heads=2,
+                         intermediate_size=16)
+    assert isinstance(model, transformers.BertForTokenClassification)
+    assert (model.config.vocab_size, model.config.num_labels, model.config.num_hidden_layers) == (10, 9, 1)
+    lm = models.build("transformers:GPT2LMHeadModel", input_vocab=9, out_features=9, input_shape=[2048],
+                      n_layer=1, n_embd=8, n_head=2)
+    assert (lm.config.vocab_size, lm.config.n_positions) == (9, 2048)  # the sequence fits the position table
+
+
+@pytest.mark.parametrize("name, options, expected", [
+    ("transformers:GPT2LMHeadModel", {"n_layers": 2}, "GPT2Config has no field n_layers; its fields:"),
+    ("transformers:GPT2LMHeadModel", {"input_vocab": 10, "out_features": 9},
+     "outputs are its vocabulary, but the task's inputs have 10 ids and its outputs 9 classes"),
+    ("transformers:GPT2LMHeadModel", {"n_embd": 9, "n_head": 2}, "could not be built"),
+])
+def test_a_bad_architecture_option_is_one_line(name, options, expected):
+    with pytest.raises(models.ModelConfigError, match=expected) as info:
+        models.build(name, **options)
+    assert "\n" not in str(info.value)
+
+
+def cli(*args, tmp_path):
+    from trainers.cli import train_main
+
+    return train_main([*args, "--steps", "3", "--progress", "false", "--logdir", str(tmp_path / "runs"),
+                       "--experiment", "e", "--eval-batches", "1"])
+
+
+def test_a_causal_lm_by_name_trains_from_the_command_line_and_its_double_shift_is_refused(tmp_path, capsys):
+    gpt = ["--model", "transformers:GPT2LMHeadModel", "--model-option", "n_layer=1", "--model-option", "n_embd=8",
+           "--model-option", "n_head=2", "--task", "ptb-word", "--data-dir", str(write_tiny_ptb(tmp_path)),
+           "--task-option", f"seq_len={T}"]
+    assert cli(*gpt, tmp_path=tmp_path) == 0
+    assert cli(*gpt, "--model-call", "loss=model", "--run-name", "own", tmp_path=tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "targets=labels+shift_labels" in err[-1] and "shifts `labels` itself" in err[-1]
+    assert cli(*gpt, "--model-call", "loss=model", "--model-call", "targets=labels+shift_labels", "--run-name",
+               "shifted", tmp_path=tmp_path) == 0
+
+
+def test_a_token_classifier_by_name_trains_on_the_copy_task(tmp_path):
+    assert cli("--model", "transformers:BertForTokenClassification", "--model-option", "num_hidden_layers=1",
+               "--model-option", "hidden_size=8", "--model-option", "num_attention_heads=2",
+               "--model-option", "intermediate_size=16", "--task", "copy", "--task-option", "n_train=32",
+               "--task-option", "delay=3", tmp_path=tmp_path) == 0

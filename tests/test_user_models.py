@@ -40,6 +40,11 @@ USER_MODELS = textwrap.dedent('''
         raise RuntimeError("boom")
 
 
+    def create_model(model_name, pretrained=False, **kwargs):
+        """timm's factory shape: the architecture's options through **kwargs, which it rejects if unknown."""
+        return Net(64, **kwargs) if model_name == "net" else Net(64, 10, **kwargs)
+
+
     def not_a_module(in_features, out_features):
         return 3
 ''')
@@ -81,6 +86,16 @@ def test_a_factory_from_an_installed_module_and_a_model_without_size_options(use
     assert train_main(["--model", f"{user_file}:Fixed", "--steps", "5", "--logdir", str(tmp_path / "b"), *QUIET]) == 0
     assert "in_features" not in result(tmp_path / "b")["model"]
     assert isinstance(models.build(f"{user_file}:Net", in_features=3, out_features=2), models.registry.nn.Module)
+
+
+def test_the_tasks_sizes_are_not_pushed_into_a_factorys_kwargs(user_file, tmp_path):
+    assert train_main(["--model", f"{user_file}:create_model", "--model-option", "model_name=net",
+                       "--model-option", "out_features=10", "--model-option", "hidden=4", "--steps", "2",
+                       "--logdir", str(tmp_path / "a"), *QUIET]) == 0
+    record = result(tmp_path / "a")["model"]
+    assert {k: record[k] for k in ("model_name", "out_features", "hidden")} == {"model_name": "net",
+                                                                                 "out_features": 10, "hidden": 4}
+    assert "in_features" not in record and "input_shape" not in record
 
 
 BAD_REFERENCES = {

@@ -8,8 +8,12 @@ resume like a zoo model:
     models.build("torch.nn:Linear", in_features=64, out_features=10)
 
 The object named is called with the options; it must return an ``nn.Module``.
-Its constructor's parameters say which options it takes: ``in_features`` and
-``out_features`` (the task's) are passed only to a callable that accepts them.
+Its constructor's parameters say which options it takes: the task's sizes
+(``in_features``, ``out_features``, ``input_vocab``: the number of input token ids,
+``input_shape``) are passed only to a callable that names them, never into its
+``**kwargs`` (timm's ``create_model`` takes ``num_classes`` and ``in_chans`` there).
+A transformers model class is built from its config, sized to the task
+(``models.adapters.libraries``).
 A file is imported once per process, under a name derived from its path.
 Every failure (no such file, no such name, an import or constructor error, an
 unknown option, not a module) is one ``ModelConfigError`` line.
@@ -26,9 +30,10 @@ from typing import Any
 
 from torch import nn
 
+from models.adapters.libraries import is_transformers_class, transformers_factory
 from models.errors import ModelConfigError, one_line
 
-__all__ = ["is_reference", "load_reference", "build_reference", "accepts"]
+__all__ = ["is_reference", "load_reference", "build_reference", "accepts", "names"]
 
 
 def is_reference(name: str) -> bool:
@@ -76,7 +81,7 @@ def load_reference(reference: str) -> Callable[..., Any]:
                          if not n.startswith("_") and isinstance(v, type) and issubclass(v, nn.Module))
         raise ModelConfigError(f"'{where}' has no model class or factory '{attr}'"
                                + (f"; its nn.Module classes: {', '.join(defined)}" if defined else ""))
-    return target
+    return transformers_factory(target) if is_transformers_class(target) else target
 
 
 def accepts(target: Callable[..., Any], option: str) -> bool:
@@ -86,6 +91,16 @@ def accepts(target: Callable[..., Any], option: str) -> bool:
     except (TypeError, ValueError):
         return False
     return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def names(target: Callable[..., Any], option: str) -> bool:
+    """Whether ``target`` names the keyword ``option`` among its parameters (``**kwargs`` does not count)."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return option in params and params[option].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                         inspect.Parameter.KEYWORD_ONLY)
 
 
 def build_reference(reference: str, **options: Any) -> nn.Module:
@@ -101,6 +116,8 @@ def build_reference(reference: str, **options: Any) -> nn.Module:
                                f"{', '.join(accepted) or 'none'}")
     try:
         model = target(**options)
+    except ModelConfigError as err:  # a transformers config's own refusal, already one line
+        raise ModelConfigError(f"model '{reference}': {err}") from None
     except (Exception, SystemExit) as err:
         raise ModelConfigError(f"model '{reference}' could not be built with {options}: {one_line(err)}") from None
     if not isinstance(model, nn.Module):

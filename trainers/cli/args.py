@@ -216,8 +216,8 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if twice:
         raise ConfigError(f"--model-option {twice[0]} repeats --{twice[0].replace('_', '-')}; give it once")
     model_options.update(extra)
-    for key, value in (("in_features", task.in_features), ("out_features", task.num_outputs)):
-        if key not in model_options and models.takes_option(args.model, key):  # the task's sizes, if it takes them
+    for key, value in task_sizes(task).items():
+        if key not in model_options and models.takes_option(args.model, key):  # the task's sizes, if it names them
             model_options[key] = value
     user = models.adapters.user.is_reference(args.model)
     # geotorch's parametrizations cannot initialise on the meta device; the plain layer has their parameter count
@@ -243,6 +243,15 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if tuned:
         record["tuned"] = tuned
     return Setup(engine, task, model, cfg, {"name": args.model, **model_options}, record)
+
+
+def task_sizes(task) -> dict:
+    """What a model constructor may name to be sized to the task: ``in_features``, ``out_features``,
+    ``input_shape`` and, for token inputs, ``input_vocab`` (the number of input ids)."""
+    sizes = {"in_features": task.in_features, "out_features": task.num_outputs, "input_shape": list(task.input_shape)}
+    if not task.train.inputs.is_floating_point():
+        sizes["input_vocab"] = 1 + max(int(split.inputs.max()) for split in (task.train, task.val, task.test))
+    return sizes
 
 
 def model_call_options(items: list[str]) -> dict:
