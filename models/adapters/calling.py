@@ -53,7 +53,7 @@ from torch import nn
 from models.errors import ModelConfigError, one_line
 
 __all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "check_own_loss", "model_call",
-           "describe", "passes_state", "CALL_KEYS"]
+           "describe", "passes_state", "read_output", "CALL_KEYS"]
 
 TARGET_NAMES = ("targets", "target", "y")  # a forward parameter of this name receives the targets
 OWN_LOSS_TARGET_NAMES = ("targets", "target", "labels", "y")  # ... and ``labels`` where the model's loss is used
@@ -206,8 +206,10 @@ def _pick(value: Any, where: int | str, what: str) -> Any:
                            f"{where!r}")
 
 
-def _find_output(value: Any) -> torch.Tensor:
+def read_output(value: Any) -> torch.Tensor:
     """The common shapes (module docstring), or one line naming what came back."""
+    if isinstance(value, torch.Tensor):
+        return value
     if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
         return value[0]
     if isinstance(value, Mapping):
@@ -261,7 +263,7 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
     if isinstance(value, torch.Tensor) and call.output == "auto":
         outputs = value
     else:
-        outputs = _find_output(value) if call.output == "auto" else _pick(value, call.output, "output")
+        outputs = read_output(value) if call.output == "auto" else _pick(value, call.output, "output")
         if not isinstance(outputs, torch.Tensor):
             raise ModelConfigError(f"model's output {call.output!r} is a {type(outputs).__name__}, not a tensor")
     loss = _find_loss(value, outputs) if call.loss == "model" and targets is not None else None

@@ -1,5 +1,7 @@
-"""A user's residual network (a ResNet-style MLP, a nanoGPT-style Transformer) declared as a
-residual stack, the structure Highway-BP works on, without rewriting it.
+"""A user's residual network (a ResNet-style MLP, a nanoGPT-style Transformer) as a residual
+stack, the structure Highway-BP works on, without rewriting it: found from an example run
+(``models.residual_stack(model, example=inputs)``, ``models.adapters.discovery``: transformers'
+GPT-2, Llama, BERT, timm's ResNets and ViTs, nanoGPT), or declared by hand:
 
     stack = models.residual_stack(
         gpt,
@@ -20,7 +22,9 @@ The view's Parameters are the user's objects (registered once, under ``model``);
 its forward is ``head(blocks(stem(x)))``, which must be the model's output: give
 an ``example`` input, or ``(inputs, targets)`` for a forward that takes targets
 (nanoGPT's returns every position's logits only then), and the declaration is
-checked against the output ``models.call_model`` reads (a mismatch is one line).
+checked against the output ``models.call_model`` reads (a mismatch is one line);
+without one it is checked on the first batch it runs. A sublayer may return a
+tuple, a dict or an object with ``logits``: its output is read as a model's is.
 """
 
 from collections.abc import Callable, Sequence
@@ -28,7 +32,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from models.adapters.calling import call_model
+from models.adapters.calling import call_model, read_output
+from models.adapters.discovery import ResidualFound, discover
 from models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualSublayer", "ResidualView", "residual_stack"]
@@ -42,7 +47,7 @@ class ResidualSublayer(nn.Module):
         self.fn, self.norm, self.gamma = fn, norm if norm is not None else nn.Identity(), gamma
 
     def branch(self, h):
-        z = self.fn(self.norm(h))
+        z = read_output(self.fn(self.norm(h)))
         return z + self.gamma * h if self.gamma else z
 
     def combine(self, h, z):
@@ -58,29 +63,74 @@ class ResidualView(nn.Module):
     blocks: nn.ModuleList
     _stem: Callable
     _head: Callable
+    stem_reads_targets = True  # the first batch checks the declaration against the model's own forward
 
-    def __init__(self, model: nn.Module, stem: Callable, sublayers: list[ResidualSublayer], head: Callable):
+    def __init__(self, model: nn.Module, stem: Callable, sublayers: list[ResidualSublayer], head: Callable,
+                 checked: bool):
         super().__init__()
         self.model = model  # the only registered child: the user's Parameters, under their own names
         self.__dict__["blocks"] = nn.ModuleList(sublayers)  # unregistered: their modules are the model's
         self.__dict__["_stem"], self.__dict__["_head"] = stem, head
+        self.__dict__["_checked"] = checked
 
-    def stem(self, x):
+    def stem(self, x, targets=None):
+        if not self._checked:  # declared without an example: checked on the first batch
+            _check(self, self.model, x, targets)
+            self.__dict__["_checked"] = True
         return self._stem(x)
 
     def head(self, h):
         return self._head(h)
 
-    def forward(self, x):
-        h = self.stem(x)
+    def forward(self, x, targets=None):
+        h = self.stem(x, targets)
         for block in self.blocks:
             h = block(h)
         return self.head(h)
 
 
-def residual_stack(model: nn.Module, *, stem: Callable, blocks: Sequence, head: Callable, gamma: float = 0.0,
-                   example: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> ResidualView:
-    """Declare ``model`` as a residual stack for Highway-BP (module docstring); returns the view."""
+def _check(view: ResidualView, model: nn.Module, inputs, targets) -> None:
+    """The declaration computes the model's output on ``inputs`` (eval mode), or one line says it does not."""
+    was_training = model.training
+    model.eval()  # no dropout noise in the comparison
+    try:
+        with torch.no_grad():
+            h = view._stem(inputs)
+            for block in view.blocks:
+                h = block(h)
+            mine, theirs = view._head(h), call_model(model, inputs, targets).outputs
+    except ModelConfigError:
+        raise
+    except Exception as err:  # an example of the wrong kind or shape
+        raise ModelConfigError(f"residual_stack: the example does not run through the model or its declaration "
+                               f"({one_line(err)})") from None
+    finally:
+        model.train(was_training)
+    if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
+        gap = (mine - theirs).abs().max().item() if mine.shape == theirs.shape else "shapes differ"
+        raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on "
+                               f"the {'example' if view._checked is None else 'first batch'} (largest difference "
+                               f"{gap}); check their order and the norms")
+
+
+def residual_stack(model: nn.Module, *, stem: Callable | None = None, blocks: Sequence | None = None,
+                   head: Callable | None = None, gamma: float = 0.0,
+                   example: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> ResidualView | ResidualFound:
+    """``model`` as a residual stack for Highway-BP (module docstring): found from ``example`` when no stem,
+    blocks and head are given, else declared; returns the view."""
+    if not 0 <= gamma < 1:
+        raise ModelConfigError(f"residual_stack: gamma must be in [0, 1), got {gamma}")
+    inputs, targets = example if isinstance(example, tuple) else (example, None)
+    if stem is None and blocks is None and head is None:
+        if inputs is None:
+            raise ModelConfigError("residual_stack: give an example input to find the stem, blocks and head from "
+                                   "(example=inputs, or (inputs, targets)), or declare them (stem=, blocks=, head=)")
+        return discover(model, inputs, targets, gamma=gamma)
+    if stem is None or blocks is None or head is None:
+        missing = ", ".join(n for n, v in (("stem", stem), ("blocks", blocks), ("head", head)) if v is None)
+        raise ModelConfigError(f"residual_stack: declare stem, blocks and head together (missing: {missing}), or "
+                               f"none of them to find them from the example")
     sublayers = []
     for i, entry in enumerate(blocks):
         norm, fn = entry if isinstance(entry, tuple) else (None, entry)
@@ -90,25 +140,9 @@ def residual_stack(model: nn.Module, *, stem: Callable, blocks: Sequence, head: 
         sublayers.append(ResidualSublayer(fn, norm, gamma))
     if not sublayers:
         raise ModelConfigError("residual_stack: no blocks")
-    if not 0 <= gamma < 1:
-        raise ModelConfigError(f"residual_stack: gamma must be in [0, 1), got {gamma}")
-    view = ResidualView(model, stem, sublayers, head)
-    if example is not None:
-        inputs, targets = example if isinstance(example, tuple) else (example, None)
-        was_training = model.training
-        model.eval()  # no dropout noise in the comparison
-        try:
-            with torch.no_grad():
-                mine, theirs = view(inputs), call_model(model, inputs, targets).outputs
-        except ModelConfigError:
-            raise
-        except Exception as err:  # an example of the wrong kind or shape
-            raise ModelConfigError(f"residual_stack: the example does not run through the model or its declaration "
-                                   f"({one_line(err)})") from None
-        finally:
-            model.train(was_training)
-        if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
-            gap = (mine - theirs).abs().max().item() if mine.shape == theirs.shape else "shapes differ"
-            raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on "
-                                   f"the example (largest difference {gap}); check their order and the norms")
+    view = ResidualView(model, stem, sublayers, head, checked=inputs is not None)
+    if inputs is not None:
+        view.__dict__["_checked"] = None  # said as "the example" in a refusal
+        _check(view, model, inputs, targets)
+        view.__dict__["_checked"] = True
     return view

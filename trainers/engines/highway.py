@@ -121,7 +121,9 @@ def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[tor
 def _combine_derivatives(blocks, inputs, outputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Diagonals of d r_i/d h (K_i) and d r_i/d z at each block's input and branch output,
     stacked (n, B, ...), or one element when constant over all blocks (K = I, (1 - gamma) I).
-    Exact because every combine is element-wise; one small autograd call per block."""
+    Exact because every combine is element-wise: output element j reads element j of h and of
+    each part of z (z may stack m parts, (m, B, ...): post-LN's [a, b] in h a + b); one small
+    autograd call per block."""
     ks, dzs = [], []
     for block, x, z in zip(blocks, inputs, outputs, strict=True):
         x, z = x.detach().requires_grad_(), z.detach().requires_grad_()
@@ -130,7 +132,7 @@ def _combine_derivatives(blocks, inputs, outputs) -> tuple[torch.Tensor, torch.T
             k, dz = torch.autograd.grad(h, (x, z), torch.ones_like(h))
         ks.append(_compact(k))
         dzs.append(_compact(dz))
-    return _stack(ks, inputs[0]), _stack(dzs, inputs[0])
+    return _stack(ks, inputs[0]), _stack(dzs, outputs[0])
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -174,11 +176,33 @@ def _groups(blocks) -> list[list[int]]:
     return list(groups.values())
 
 
-class _ReferenceDepth:
+def _segments(blocks) -> list[tuple[list, bool]]:
+    """Runs of blocks for Highway-BP, and the boundary blocks between them (``boundary = True``: a block
+    whose output shape differs from its input's, e.g. a ResNet's downsampling block, backpropagated
+    exactly), in order."""
+    out: list[tuple[list, bool]] = []
+    for block in blocks:
+        if getattr(block, "boundary", False):
+            out.append(([block], True))
+        elif out and not out[-1][1]:
+            out[-1][0].append(block)
+        else:
+            out.append(([block], False))
+    return out
+
+
+class _Depth:
+    def at_branch(self, W):
+        """Cotangents at the branch outputs z from those at the block outputs: w dr/dz (a z of m parts,
+        (n, m, B, ...), gets w in each)."""
+        Dz = self.Dz
+        return W.unsqueeze(1) * Dz if Dz.dim() == W.dim() + 1 else W * Dz
+
+
+class _ReferenceDepth(_Depth):
     """One graph per block from the forward; one VJP per block per round (the oracle)."""
 
-    def __init__(self, model, h0):
-        blocks = list(model.blocks)
+    def __init__(self, blocks, h0):
         self.blocks, self.inputs, self.branches = blocks, [], []
         h = h0.detach()
         for block in blocks:
@@ -206,11 +230,10 @@ class _ReferenceDepth:
         return out
 
 
-class _BatchedDepth:
+class _BatchedDepth(_Depth):
     """Clean forward without a graph, then every group of like blocks recomputed in one vmap call."""
 
-    def __init__(self, model, h0, bases: dict):
-        blocks = list(model.blocks)
+    def __init__(self, blocks, h0, bases: dict):
         self.blocks = blocks
         S = h0.new_empty((len(blocks), *h0.shape))  # (n, B, ...) block inputs s_0 .. s_{n-1}
         S[0] = h0.detach()
@@ -317,30 +340,50 @@ class Highway(GradientEngine):
     # ---- residual stacks: depth is the index ------------------------------------------------
 
     def _depth_step(self, model, params, inputs, targets, loss_fn):
-        h0 = model.stem(inputs)
+        h = model.stem(inputs, targets) if getattr(model, "stem_reads_targets", False) else model.stem(inputs)
+        h0 = h
         batched = self.options.path == "batched" or (
-            self.options.path == "auto" and h0.device.type != "cpu" and not _dropout_active(model))
-        stack = _BatchedDepth(model, h0, self._bases) if batched else _ReferenceDepth(model, h0)
-        top = stack.top.detach().requires_grad_()
+            self.options.path == "auto" and h0.device.type != "cpu" and not _dropout_active(model)
+            and getattr(model, "vmappable", True))
+        segments = []  # each a highway stack over a run of like blocks, or one boundary block (exact VJP)
+        for run, boundary in _segments(list(model.blocks)):
+            if boundary:
+                x = h.detach().requires_grad_()
+                segments.append((run[0], x, run[0](x)))
+            else:
+                segments.append(_BatchedDepth(run, h, self._bases) if batched else _ReferenceDepth(run, h))
+            h = segments[-1][2] if boundary else segments[-1].top
+        top = h.detach().requires_grad_()
         outputs = model.head(top)
         loss = loss_fn(outputs, targets)
-        *head_grads, e_top = torch.autograd.grad(loss, params + [top], allow_unused=True)
+        *head_grads, e = torch.autograd.grad(loss, params + [top], allow_unused=True)
         grads: dict[int, torch.Tensor] = {}  # id(parameter) -> its gradient, summed over head, stem, blocks
         _accumulate(grads, zip(map(id, params), head_grads, strict=True))
+        for segment in reversed(segments):
+            if isinstance(segment, tuple):  # a boundary block (a shape change): exact backprop through it
+                block, x, y = segment
+                own = [p for p in block.parameters() if p.requires_grad]
+                e, *own_grads = torch.autograd.grad(y, [x, *own], e, allow_unused=True)
+                _accumulate(grads, zip(map(id, own), own_grads, strict=True))
+            else:
+                e = self._segment_backward(segment, e, grads)
+        _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, e, allow_unused=True), strict=True))
+        return outputs, loss, grads
 
-        # positions s_0 .. s_n; e is zero but at the top; a_j = K_{j+1}
+    def _segment_backward(self, stack, e_top: torch.Tensor, grads: dict) -> torch.Tensor:
+        """Highway-BP over one run of blocks whose states share a shape: w^k at positions s_0 .. s_n from
+        the cotangent at s_n; the blocks' parameter gradients added to ``grads``; returns w^k_0."""
         n = len(stack.blocks)
-        e = torch.zeros((n + 1, *top.shape), dtype=top.dtype, device=top.device)
+        e = torch.zeros((n + 1, *e_top.shape), dtype=e_top.dtype, device=e_top.device)  # zero but at the top
         e[n] = e_top
-        carry = stack.K if stack.K.numel() == 1 else torch.cat([stack.K, torch.zeros_like(stack.K[:1])])
+        carry = stack.K if stack.K.numel() == 1 else torch.cat([stack.K, torch.zeros_like(stack.K[:1])])  # K_{j+1}
 
         def back(W):  # v_j = (w_{j+1} dr/dz) dg_{j+1}/dh, v_n = 0
-            return torch.cat([stack.back(W[1:] * stack.Dz), torch.zeros_like(W[:1])])
+            return torch.cat([stack.back(stack.at_branch(W[1:])), torch.zeros_like(W[:1])])
 
         W = self._iterate(e, carry, back, dim=0)
-        _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, W[0], allow_unused=True), strict=True))
-        _accumulate(grads, stack.parameter_grads(W[1:] * stack.Dz).items())
-        return outputs, loss, grads
+        _accumulate(grads, stack.parameter_grads(stack.at_branch(W[1:])).items())
+        return W[0]
 
     # ---- recurrent layers: time is the depth --------------------------------------------------
 

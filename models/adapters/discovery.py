@@ -1,0 +1,444 @@
+"""The residual structure of a model, found from one example run instead of declared.
+
+    stack = models.residual_stack(gpt2, example=tokens)      # no stem, blocks or head: found
+    trainers.build_engine("highway", k=2).compute_grads(stack, tokens, targets, loss_fn)
+
+One run of the example with a hook on every module records the calls in order. The
+**blocks** are the longest chain of calls of one module class with parameters in which each
+call's first tensor argument is the previous call's first output tensor
+(``transformer.h``, ``model.layers``, ``bert.encoder.layer``, ``blocks``, ``layer1..4``).
+The **stem** is the model's forward up to the first block: each batch runs it and stops at
+the first block, keeping the arguments the forward passes to it (attention masks, rotary
+cos/sin: rebuilt for every batch, never replayed from the example; a KV cache is dropped).
+The **head** is the forward after the last block: the forward runs again with every block
+passing its input through and the last one returning the state given (the stem is computed
+a second time, in eval mode: no second update of BatchNorm statistics, no dropout draw).
+
+Each block is read as ``h' = r(h, g(h))`` (the Highway-BP paper's Table 1), from the module
+that produces its output:
+
+* ``relu``: the block ends in an activation of the sum (the original ResNet, timm's
+  BasicBlock / Bottleneck): ``r = act(h + z)``, z = the activation's input minus h,
+  K = diag(act'(h + z)); the input is copied before an in-place activation changes it.
+* ``post_ln``: the block ends in a LayerNorm of the sum (BERT): ``LN(u) = h a + b`` with
+  u = h + z, a = gamma / sigma(u), b = (u - h - mu(u)) gamma / sigma(u) + beta, so
+  ``r = h a + b`` with z = [a, b] and K = diag(a) (the paper's App. C.3, gamma = 0).
+* ``add``: anything else, ``r = h + z`` with z = block(h) - h, K = I.
+
+A block made of two residual sublayers is split where it is visible and checked on the
+example: a pre-LN block (its first child a norm, called again later: GPT-2, Llama, ViT,
+nanoGPT) at the second norm's input, the second sublayer computed with the first mixer
+(attention) returning zeros; a post-LN block whose first child ends in a LayerNorm (BERT's
+attention) at that child's output, the second computed with the child passing its input
+through. A block whose output shape differs from its input's (a strided ResNet block with a
+projection shortcut) is a **boundary**: Highway-BP runs within the segments between
+boundaries, and each boundary is backpropagated exactly (the engine's ``_segments``).
+Every split is exact for k >= L: any split is, the whole-block fallback included.
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.adapters.calling import call_model
+from models.errors import ModelConfigError
+
+__all__ = ["ResidualFound", "FoundBlock", "discover"]
+
+ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.ELU, nn.LeakyReLU, nn.CELU, nn.SELU, nn.Mish)
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward early (the stem stops at the first block)."""
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    if isinstance(value, dict):
+        return next((v for v in value.values() if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+def _state(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The state a module is called with: its first tensor argument."""
+    first = _first_tensor(args)
+    return first if first is not None else _first_tensor(kwargs)
+
+
+def _passing(output: Any) -> Callable:
+    """A forward that returns its input, in the structure ``output`` had."""
+    return lambda *args, **kwargs: _like(output, _state(args, kwargs))
+
+
+def _zeros(output: Any) -> Callable:
+    """A forward that returns zeros the shape of its input, in the structure ``output`` had."""
+    return lambda *args, **kwargs: _like(output, torch.zeros_like(_state(args, kwargs)))
+
+
+def _like(template: Any, tensor: torch.Tensor) -> Any:
+    """``tensor`` in the structure a module returned (a tensor, or a tuple led by it)."""
+    if isinstance(template, (tuple, list)):
+        return (tensor, *(None for _ in template[1:]))
+    return tensor
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in type(module).__name__
+
+
+def _is_layer_norm(module: nn.Module) -> bool:
+    """A LayerNorm over the last dimension with an affine weight and bias (the post-LN form)."""
+    return (isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1
+            and module.weight is not None and module.bias is not None)
+
+
+@dataclasses.dataclass
+class _Call:
+    module: nn.Module
+    start: int
+    end: int = -1
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    output: Any = None
+
+
+def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
+    """Every module call of one forward, in the order they began."""
+    calls: list[_Call] = []
+    open_calls: dict[int, list[_Call]] = {}
+    clock = [0]
+
+    def pre(module, args, kwargs):
+        call = _Call(module, clock[0], args=args, kwargs=kwargs, x=_state(args, kwargs))
+        clock[0] += 1
+        calls.append(call)
+        open_calls.setdefault(id(module), []).append(call)
+
+    def post(module, args, kwargs, output):
+        call = open_calls[id(module)].pop()
+        call.end, call.output, call.y = clock[0], output, _first_tensor(output)
+        clock[0] += 1
+
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            call_model(model, inputs, targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [c for c in calls if c.end >= 0]
+
+
+def _chain(calls: list[_Call]) -> list[_Call]:
+    """The longest chain of like calls, each fed the previous one's output (module docstring)."""
+    best: list[_Call] = []
+    by_class: dict[type, list[_Call]] = {}
+    for call in calls:
+        if call.x is not None and call.y is not None and any(True for _ in call.module.parameters()):
+            by_class.setdefault(type(call.module), []).append(call)
+    for group in by_class.values():
+        longest: dict[int, list[_Call]] = {}  # index in group -> the longest chain ending there
+        for i, call in enumerate(group):
+            longest[i] = [call]
+            for j in range(i):
+                prev = group[j]
+                if prev.end < call.start and prev.y is call.x and len(longest[j]) + 1 > len(longest[i]):
+                    longest[i] = longest[j] + [call]
+        for chain in longest.values():
+            size = sum(p.numel() for c in chain for p in c.module.parameters())
+            best_size = sum(p.numel() for c in best for p in c.module.parameters())
+            if (len(chain), size) > (len(best), best_size):
+                best = chain
+    return best
+
+
+@contextlib.contextmanager
+def _forwards(replacements: dict[nn.Module, Callable]) -> Iterator[None]:
+    """Each module's forward replaced for the duration (an instance attribute, put back after)."""
+    saved = {module: module.__dict__.get("forward") for module in replacements}
+    for module, forward in replacements.items():
+        module.forward = forward
+    try:
+        yield
+    finally:
+        for module, old in saved.items():
+            if old is None:
+                del module.forward
+            else:
+                module.forward = old
+
+
+def _sanitise(value: Any) -> Any:
+    """An argument a block may be given again: a generation cache dropped, ``use_cache`` off."""
+    if type(value).__name__.endswith("Cache"):
+        return None
+    return value
+
+
+@dataclasses.dataclass
+class _Context:
+    """What the current batch's forward passes its blocks, and the batch itself (for the head)."""
+
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    where: int | str = 0  # the position (or keyword) of the state among the block's arguments
+    inputs: Any = None
+    targets: Any = None
+
+
+class FoundBlock(nn.Module):
+    """One residual sublayer of a found block: ``branch(h)`` and ``combine(h, z)`` (module docstring).
+
+    kind: ``add``, ``relu`` or ``post_ln``. ``end``: the module whose input is u = h + z (the final
+    activation or LayerNorm; None: the block's output is u). ``neutral``: modules replaced while this
+    sublayer runs (a split block's second part neutralises its first sublayer). ``boundary``: a shape
+    change, backpropagated exactly."""
+
+    def __init__(self, module: nn.Module, context: _Context, kind: str = "add", *, end: nn.Module | None = None,
+                 neutral: dict | None = None, boundary: bool = False, part: str = "whole", gamma: float = 0.0):
+        super().__init__()
+        self.module = module  # registered: its parameters are this sublayer's (an unused half gets none)
+        self.kind, self.boundary, self.part, self.gamma = kind, boundary, part, gamma
+        self.__dict__["context"] = context
+        self.__dict__["end"] = end
+        self.__dict__["neutral"] = neutral or {}
+
+    def _call(self, h: torch.Tensor) -> Any:
+        ctx = self.context
+        args, kwargs = list(ctx.args), dict(ctx.kwargs)
+        if isinstance(ctx.where, int):
+            args[ctx.where] = h
+        else:
+            kwargs[ctx.where] = h
+        with _forwards(self.neutral):
+            return self.module(*args, **kwargs)
+
+    def _sum(self, h: torch.Tensor) -> torch.Tensor:
+        """u = h + z: the input of ``end`` (copied: an in-place activation follows; the block stopped
+        there), or the block's output."""
+        if self.end is None:
+            return _first_tensor(self._call(h))
+        seen = {}
+
+        def stop(module, args, kwargs):
+            seen["u"] = _state(args, kwargs).clone()
+            raise _Stop
+
+        handle = self.end.register_forward_pre_hook(stop, with_kwargs=True)
+        try:
+            self._call(h)
+        except _Stop:
+            return seen["u"]
+        finally:
+            handle.remove()
+        raise ModelConfigError(f"residual_stack: {type(self.end).__name__} was not called by its block")
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.boundary:
+            return _first_tensor(self._call(h))
+        return self.combine(h, self.branch(h))
+
+    def branch(self, h: torch.Tensor) -> torch.Tensor:
+        u = self._sum(h)
+        if self.kind == "add" and self.gamma:  # the paper's split of the residual: z + gamma h
+            return u - (1 - self.gamma) * h
+        if self.kind != "post_ln":
+            return u - h
+        norm = self.end
+        mean = u.mean(-1, keepdim=True)
+        scale = norm.weight / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + norm.eps)
+        return torch.stack([scale.expand_as(h), (u - h - mean) * scale + norm.bias])  # [a, b]: LN(u) = h a + b
+
+    def combine(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if self.kind == "relu":
+            return self.end(h + z)
+        if self.kind == "post_ln":
+            return h * z[0] + z[1]
+        return (1 - self.gamma) * h + z if self.gamma else h + z
+
+    def describe(self) -> str:
+        if self.boundary:
+            return "boundary"
+        if self.kind == "relu":
+            return f"{type(self.end).__name__}(h + z)"
+        if self.kind == "post_ln":
+            return "LayerNorm(h + z)"
+        return f"{1 - self.gamma:g} h + z" if self.gamma else "h + z"
+
+
+class ResidualFound(nn.Module):
+    """The residual-stack view of a model whose structure was found (module docstring); its forward is the
+    model's own."""
+
+    blocks: nn.ModuleList
+    stem_reads_targets = True  # the stem runs the model's forward, which may read the targets (nanoGPT)
+    vmappable = False  # blocks read the batch's arguments: Highway-BP's reference path
+
+    def __init__(self, model: nn.Module, chain: list[nn.Module], sublayers: list[FoundBlock], context: _Context,
+                 outputs: list, before: list[nn.Module], found: str):
+        super().__init__()
+        self.model = model  # the only registered child: the user's Parameters, under their own names
+        self.__dict__["blocks"] = nn.ModuleList(sublayers)  # unregistered: their modules are the model's
+        self.__dict__["chain"], self.__dict__["context"] = chain, context
+        self.__dict__["outputs"], self.__dict__["before"] = outputs, before
+        self.found = found
+
+    def stem(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward up to the first block; keeps what it passes the blocks (the batch's masks, rotary
+        tables) and the batch (module docstring)."""
+        seen: dict = {}
+
+        def intercept(*args, **kwargs):
+            seen["args"], seen["kwargs"] = args, kwargs
+            raise _Stop
+
+        with _forwards({self.chain[0]: intercept}):
+            try:
+                call_model(self.model, x, targets)
+            except _Stop:
+                pass
+        if "args" not in seen:
+            raise ModelConfigError(f"residual_stack: {type(self.chain[0]).__name__}, the first block found, was "
+                                   f"not called on this batch")
+        ctx = self.context
+        ctx.args = tuple(_sanitise(a) for a in seen["args"])
+        ctx.kwargs = {k: False if k == "use_cache" else _sanitise(v) for k, v in seen["kwargs"].items()}
+        ctx.inputs, ctx.targets = x, targets
+        return ctx.args[ctx.where] if isinstance(ctx.where, int) else ctx.kwargs[ctx.where]
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The forward after the last block: the forward again, every block passing its input through and the
+        last one returning ``h`` (the stem in eval mode: its output is not read)."""
+        ctx = self.context
+
+        replace = {m: _passing(out) for m, out in zip(self.chain[:-1], self.outputs[:-1], strict=True)}
+        replace[self.chain[-1]] = lambda *args, **kwargs: _like(self.outputs[-1], h)
+        stem = {m: m.training for top in self.before for m in top.modules()}
+        for module in stem:  # its output is not read: no second update of BatchNorm statistics, no dropout draw
+            module.training = False
+        try:
+            with _forwards(replace):
+                return call_model(self.model, ctx.inputs, ctx.targets).outputs
+        finally:
+            for module, mode in stem.items():
+                module.training = mode
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        return call_model(self.model, x, targets).outputs
+
+
+def _names(model: nn.Module) -> dict[int, str]:
+    return {id(m): name for name, m in model.named_modules()}
+
+
+def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float) -> list[FoundBlock]:
+    """The block of ``call`` as one or two sublayers (module docstring), checked on the example."""
+    block = call.module
+    if call.x.shape != call.y.shape:
+        return [FoundBlock(block, context, boundary=True)]
+    inside = [c for c in calls if call.start < c.start and c.end < call.end]
+    children = {id(m) for m in block.children()}
+    direct = [c for c in inside if id(c.module) in children]
+
+    def ending(of: _Call) -> nn.Module | None:
+        """The innermost module of ``of`` whose output is its output (the combine's last operation)."""
+        last = [c for c in inside if c.y is of.y and c.start > of.start and of.end > c.end]
+        return max(last, key=lambda c: c.start).module if last else None
+
+    end = ending(call)
+    kind = "relu" if isinstance(end, ACTIVATIONS) else "post_ln" if end is not None and _is_layer_norm(end) \
+        else "add"
+    whole = [FoundBlock(block, context, kind, end=end if kind != "add" else None, gamma=gamma)]
+    parts = None
+    if kind == "add" and len(direct) >= 3 and _is_norm(direct[0].module):
+        again = next((c for c in direct[2:] if type(c.module) is type(direct[0].module)), None)
+        if again is not None:  # pre-LN: h1 = h + mixer(norm1(h)) is the second norm's input
+            mixer = direct[1]
+            parts = [FoundBlock(block, context, "add", end=again.module, part="first", gamma=gamma),
+                     FoundBlock(block, context, "add", neutral={mixer.module: _zeros(mixer.output)}, part="second",
+                                gamma=gamma)]
+    elif kind == "post_ln" and direct:
+        first_end = ending(direct[0])
+        if first_end is not None and _is_layer_norm(first_end) and first_end is not end:  # BERT: attention
+            parts = [FoundBlock(block, context, "post_ln", end=first_end, part="first"),
+                     FoundBlock(block, context, "post_ln", end=end, neutral={direct[0].module:
+                                _passing(direct[0].output)}, part="second")]
+    expected = call.y.double()
+    if parts is not None and _agrees(parts, call.x, expected):
+        return parts
+    if not _agrees(whole, call.x, expected):
+        raise ModelConfigError(f"residual_stack: {type(block).__name__} computed again from its input does not "
+                               f"give its output on the example (a block that reads more than its input?)")
+    return whole
+
+
+def _agrees(sublayers: list[FoundBlock], h: torch.Tensor, expected: torch.Tensor) -> bool:
+    with torch.no_grad():
+        for sub in sublayers:
+            h = sub(h)
+    scale = expected.abs().max().clamp_min(1e-12)
+    return h.shape == expected.shape and bool(((h.double() - expected).abs().max() / scale) < 1e-5)
+
+
+def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None,
+             gamma: float = 0.0) -> ResidualFound:
+    """Find the stem, blocks and head of ``model`` from one run of ``inputs`` (module docstring); ``gamma``:
+    the paper's split of an ``h + z`` residual (branch z + gamma h, combine (1 - gamma) h + z; App. C.3)."""
+    was_training = model.training
+    model.eval()  # no dropout in the run that is read
+    try:
+        calls = _trace(model, inputs, targets)
+        chain = _chain(calls)
+        if len(chain) < 2:
+            raise ModelConfigError(
+                f"residual_stack: found no repeated blocks in {type(model).__name__} (two or more calls of one "
+                f"module class with parameters, each given the previous one's output); declare them: "
+                f"models.residual_stack(model, stem=..., blocks=[...], head=..., example=...)")
+        names = _names(model)
+        modules = [c.module for c in chain]
+        if len({id(m) for m in modules}) < len(modules):
+            raise ModelConfigError(f"residual_stack: {names[id(modules[0])] or type(modules[0]).__name__} is "
+                                   f"called more than once in a row (shared weights); declare the stack by hand")
+        first = chain[0]
+        where: int | str = next((i for i, a in enumerate(first.args) if a is first.x), -1)
+        if where == -1:
+            where = next(k for k, v in first.kwargs.items() if v is first.x)
+        for call in chain[1:]:
+            rest = [a for i, a in enumerate(call.args) if i != where]
+            same = len(call.args) == len(first.args) and call.kwargs.keys() == first.kwargs.keys() and all(
+                a is b or (not isinstance(a, torch.Tensor) and a == b)
+                for a, b in zip(rest + [v for k, v in call.kwargs.items() if k != where],
+                                [a for i, a in enumerate(first.args) if i != where]
+                                + [v for k, v in first.kwargs.items() if k != where], strict=True))
+            if not same:
+                raise ModelConfigError(f"residual_stack: the blocks found ({type(first.module).__name__}) are given "
+                                       f"different arguments besides the state ({names.get(id(call.module))}); "
+                                       f"declare the stack by hand")
+        context = _Context(tuple(_sanitise(a) for a in first.args),
+                           {k: False if k == "use_cache" else _sanitise(v) for k, v in first.kwargs.items()}, where)
+        sublayers = [sub for call in chain for sub in _sublayers(call, calls, context, gamma)]
+        ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
+        before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
+    finally:
+        model.train(was_training)
+    counts: dict[str, int] = {}
+    for sub in sublayers:
+        counts[sub.describe()] = counts.get(sub.describe(), 0) + 1
+    where_found = sorted({names[id(m)].rpartition(".")[0] for m in modules})
+    found = (f"{len(chain)} blocks ({type(modules[0]).__name__} in {', '.join(w or 'the model' for w in where_found)})"
+             f" as {len(sublayers)} residual sublayers: "
+             + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
+                         for k, n in counts.items()))
+    return ResidualFound(model, modules, sublayers, context, [c.output for c in chain], before, found)
