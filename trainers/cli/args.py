@@ -25,11 +25,13 @@ from trainers.experiments.compare import compatible
 from trainers.experiments.recipes import recipe_for
 from trainers.run.config import TrainConfig
 from trainers.run.memory import check_fits
+from trainers.run.rundir import note
 from trainers.run.threads import THREADS_ENV
 
 __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_threads_flag", "add_settings_flag",
-           "check_run_flags", "check_seed", "int_list", "trainer_specs", "mlp_trainers", "join_job",
-           "auto_wrap_recurrent", "model_call_options", "other_trainer_flags", "MODEL_FLAGS", "SEED_RANGE"]
+           "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs", "mlp_trainers", "join_job",
+           "auto_wrap_recurrent", "residual_structure", "trainers_for", "model_call_options", "other_trainer_flags",
+           "MODEL_FLAGS", "SEED_RANGE"]
 
 
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
@@ -180,9 +182,11 @@ def _settings_record(mode: str, recipe, given: set[str], tuned: set[str]) -> dic
 
 
 def build_from_args(args, trainer: str, seed: int | None = None, settings: str = "shared",
-                    tuned: dict | None = None) -> Setup:
+                    tuned: dict | None = None, engine_options: dict | None = None) -> Setup:
     """A ``Setup`` from parsed flags; raises the named user errors.
 
+    ``engine_options``: options of this trainer given with its name (``--trainers highway:k=1``), over
+    its flags (``--highway-k``).
     ``settings="recipe"``: the trainer's recipe (``trainers.experiments.recipes``) under the flags the
     user gave; ``"shared"``: the flags over the ``TrainConfig`` and engine defaults.
     ``tuned``: ``{"values": {key: value}, ...}`` of ``trainers.experiments.tuning`` (keys ``lr`` or
@@ -191,7 +195,7 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     recipe = recipe_for(trainer, args.model) if settings == "recipe" else None
     options_cls = engine_class(trainer).Options
     given_cfg = options_from_args(args, TrainConfig)
-    given_engine = options_from_args(args, options_cls, prefix=f"{trainer}_")
+    given_engine = {**options_from_args(args, options_cls, prefix=f"{trainer}_"), **(engine_options or {})}
     given = set(given_cfg) | {f"{trainer}.{k}" for k in given_engine}
     values = (tuned or {}).get("values", {})
     given_cfg.update({k: v for k, v in values.items() if "." not in k})
@@ -239,6 +243,8 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if user:  # a user's constructor runs once (it may print, count, download): the estimate reads the built model
         fits(lambda: model)
         auto_wrap_recurrent(model)
+    if trainer == "highway":
+        model = residual_structure(model, task)
     record = _settings_record(settings, recipe, given, set(values))
     if tuned:
         record["tuned"] = tuned
@@ -282,6 +288,41 @@ def auto_wrap_recurrent(model) -> None:
             models.wrap_recurrent(model)
         except models.ModelConfigError as err:
             model.recurrent_refusal = str(err)  # what the recurrent trainers' refusal then says
+
+
+def residual_structure(model, task):
+    """A model that is neither a residual stack nor recurrent layers, as the residual stack Highway-BP needs,
+    found from two training samples (``models.residual_stack``); says what it found in one line, or why it
+    cannot (a ``ConfigError``)."""
+    if compatible("highway", model):
+        return model
+    try:
+        stack = models.residual_stack(model, example=(task.train.inputs[:2], task.train.targets[:2]))
+    except models.ModelConfigError as err:
+        raise ConfigError(f"trainer 'highway' needs a residual stack or recurrent layers, and none was found in "
+                          f"{type(model).__name__}: {err}") from None
+    if DataParallel().is_main and stack.found not in _SAID:  # once per process (compare builds every seed)
+        _SAID.add(stack.found)
+        note(f"highway: found {stack.found}")
+    return stack
+
+
+_SAID: set[str] = set()
+
+
+def trainers_for(model, task) -> list[str]:
+    """The trainers ``model``'s structure allows, Highway-BP included where a residual stack is found in it."""
+    names = []
+    for name in available():
+        if name == "highway" and not compatible(name, model):
+            try:
+                models.residual_stack(model, example=(task.train.inputs[:2], task.train.targets[:2]))
+            except models.ModelConfigError:
+                continue
+            names.append(name)
+        elif compatible(name, model):
+            names.append(name)
+    return names
 
 
 def join_job(args) -> DataParallel:
@@ -332,6 +373,24 @@ def int_list(text: str, flag: str, minimum: int | None = None, unique: bool = Fa
 
 def trainer_specs(text: str) -> list[str]:
     return [t.strip() for t in text.split(";") if t.strip()]
+
+
+def trainer_runs(text: str) -> dict[str, tuple[str, dict]]:
+    """``--trainers`` of compare: ``NAME`` or ``NAME:OPTION=VALUE[:OPTION=VALUE]`` (``highway:k=1``), comma
+    separated; returns run name -> (trainer, its options), the run named ``highway-k1``."""
+    runs: dict[str, tuple[str, dict]] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        trainer, *options = item.split(":")
+        values = parse_key_values(options, f"--trainers {item}") if options else {}
+        name = "-".join([trainer.strip(), *(f"{k}{v}" for k, v in values.items())])
+        if name in runs:
+            raise ConfigError(f"--trainers must list each trainer once, got {text!r}")
+        runs[name] = (trainer.strip(), values)
+    if not runs:
+        raise ConfigError(f"--trainers lists no trainer, got {text!r}")
+    return runs
 
 
 def mlp_trainers() -> list[str]:

@@ -11,6 +11,8 @@ from trainers.cli.args import (
     check_run_flags,
     int_list,
     join_job,
+    trainer_runs,
+    trainers_for,
 )
 from trainers.cli.process import run_cli
 from trainers.core.errors import (
@@ -18,9 +20,8 @@ from trainers.core.errors import (
     NonFiniteLossError,
 )
 from trainers.core.options import options_from_args
-from trainers.core.registry import available
 from trainers.experiments.budget import BUDGETS, reference_trainer
-from trainers.experiments.compare import compatible, run_comparison
+from trainers.experiments.compare import run_comparison
 from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 from trainers.run.config import TrainConfig
 from trainers.run.threads import set_threads
@@ -44,7 +45,9 @@ def compare_main(argv=None, prog: str | None = None) -> int:
                          "write TensorBoard runs, summary.md and comparison.png. "
                          "With no arguments, runs the default comparison on digits.", prog)
     parser.add_argument("--trainers", default=None,
-                        help="comma list of trainers (default: every trainer compatible with the model)")
+                        help="comma list of trainers (default: every trainer compatible with the model); a trainer "
+                             "may carry its options, NAME:OPTION=VALUE (e.g. highway:k=1,highway:k=4: runs "
+                             "highway-k1 and highway-k4)")
     parser.add_argument("--seeds", help="comma list of seeds")
     parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
     add_settings_flag(parser, default="recipe")
@@ -86,12 +89,11 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         if not seeds:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
-            probe = build_from_args(args, "backprop", seeds[0]).model
-            names = [t for t in available() if compatible(t, probe)]
+            probe = build_from_args(args, "backprop", seeds[0])
+            runs = {name: (name, {}) for name in trainers_for(probe.model, probe.task)}
         else:
-            names = [t.strip() for t in args.trainers.split(",") if t.strip()]
-            if not names or len(set(names)) < len(names):
-                raise ConfigError(f"--trainers must list each trainer once, got {args.trainers!r}")
+            runs = trainer_runs(args.trainers)
+        names = list(runs)
         experiment = args.experiment or f"compare-{args.task}"
         if args.run_name is not None and len(names) != 1:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
@@ -102,8 +104,11 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         if args.target is not None and not math.isfinite(args.target):
             raise ConfigError(f"--target must be a finite number, got {args.target}")
         reference_trainer(names, args.reference)  # an unknown reference fails before any work
+        if args.tune and any(options for _, options in runs.values()):
+            raise ConfigError("--tune searches each trainer's settings; list trainers without options with it")
         tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
-        out = run_comparison(lambda t, s: build_from_args(args, t, s, args.settings, tuned.get(t)), names, seeds,
+        out = run_comparison(lambda t, s: build_from_args(args, runs[t][0], s, args.settings, tuned.get(t),
+                                                          runs[t][1]), names, seeds,
                              logdir=args.logdir, run_name=args.run_name, experiment=experiment,
                              epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
                              overwrite=args.overwrite, allow_changes=list(options_from_args(args, TrainConfig)),

@@ -313,7 +313,9 @@ class Highway(GradientEngine):
             return
         raise IncompatibleModelError(
             f"trainer 'highway' needs a residual stack (stem, blocks with branch/combine, head) or recurrent "
-            f"layers; {type(model).__name__} is neither{refusal(model)} (zoo models that qualify: {_ZOO})")
+            f"layers; {type(model).__name__} is neither{refusal(model)}: find one with "
+            f"models.residual_stack(model, example=inputs) (the command line does), or declare it "
+            f"(zoo models that qualify: {_ZOO})")
 
     def _iterate(self, e, carry, back, dim):
         w, used, rel = highway_iterations(e, carry, back, k=self.options.k, tol=self.options.tol,

@@ -324,7 +324,8 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     in ``summary.md``) and the others go on; the returned ``failures`` lists them. A run directory
     that already holds a run is refused before anything trains, unless ``resume`` or ``overwrite``.
 
-    ``build(trainer, seed) -> trainers.cli.Setup`` makes a fresh, seeded setup
+    ``build(trainer, seed) -> trainers.cli.Setup`` makes a fresh, seeded setup (``trainer``: a run name, e.g.
+    ``highway-k1``, which ``build`` reads)
     (engine, task, model, config, meta, settings); all setups are built and checked before any run
     starts, so a bad trainer/model pair leaves nothing behind. ``resume`` and ``allow_changes``
     are ``Trainer.fit``'s.
@@ -350,7 +351,7 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
         "sharing rank 0's step timing")
     lengths = _run_lengths(budget, ref, {t: setups[(t, seeds[0])] for t in trainers}, epochs, steps, timing)
     trainer_objs = {key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir, experiment=experiment,
-                                 run_name=run_name, overwrite=overwrite, meta=s.meta, settings=s.settings,
+                                 run_name=run_name or key[0], overwrite=overwrite, meta=s.meta, settings=s.settings,
                                  timing=timing["trainers"][key[0]])
                     for key, s in setups.items()}
     failures = [failure for (name, seed), trainer in trainer_objs.items()
