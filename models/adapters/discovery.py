@@ -18,8 +18,8 @@ Each block is read as ``h' = r(h, g(h))`` (the Highway-BP paper's Table 1), from
 that produces its output:
 
 * ``relu``: the block ends in an activation of the sum (the original ResNet, timm's
-  BasicBlock / Bottleneck): ``r = act(h + z)``, z = the activation's input minus h,
-  K = diag(act'(h + z)); the input is copied before an in-place activation changes it.
+  BasicBlock / Bottleneck): ``r = act(h + z)``, z = the activation's input minus h (read
+  before the activation runs, so an in-place one cannot change it), K = diag(act'(h + z)).
 * ``post_ln``: the block ends in a LayerNorm of the sum (BERT): ``LN(u) = h a + b`` with
   u = h + z, a = gamma / sigma(u), b = (u - h - mu(u)) gamma / sigma(u) + beta, so
   ``r = h a + b`` with z = [a, b] and K = diag(a) (the paper's App. C.3, gamma = 0).
@@ -106,8 +106,10 @@ class _Call:
     end: int = -1
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
-    x: torch.Tensor | None = None
-    y: torch.Tensor | None = None
+    x: torch.Tensor | None = None  # the first tensor argument (its identity links the chain)
+    y: torch.Tensor | None = None  # the first output tensor
+    x_value: torch.Tensor | None = None  # copies: a later in-place operation (timm's ReLUs) may change them
+    y_value: torch.Tensor | None = None
     output: Any = None
 
 
@@ -118,7 +120,8 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     clock = [0]
 
     def pre(module, args, kwargs):
-        call = _Call(module, clock[0], args=args, kwargs=kwargs, x=_state(args, kwargs))
+        x = _state(args, kwargs)
+        call = _Call(module, clock[0], args=args, kwargs=kwargs, x=x, x_value=None if x is None else x.clone())
         clock[0] += 1
         calls.append(call)
         open_calls.setdefault(id(module), []).append(call)
@@ -126,6 +129,7 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     def post(module, args, kwargs, output):
         call = open_calls[id(module)].pop()
         call.end, call.output, call.y = clock[0], output, _first_tensor(output)
+        call.y_value = None if call.y is None else call.y.clone()
         clock[0] += 1
 
     handles = []
@@ -226,14 +230,13 @@ class FoundBlock(nn.Module):
             return self.module(*args, **kwargs)
 
     def _sum(self, h: torch.Tensor) -> torch.Tensor:
-        """u = h + z: the input of ``end`` (copied: an in-place activation follows; the block stopped
-        there), or the block's output."""
+        """u = h + z: the input of ``end`` (the block stopped there), or the block's output."""
         if self.end is None:
             return _first_tensor(self._call(h))
         seen = {}
 
-        def stop(module, args, kwargs):
-            seen["u"] = _state(args, kwargs).clone()
+        def stop(module, args, kwargs):  # before ``end`` runs: an in-place activation cannot change u
+            seen["u"] = _state(args, kwargs)
             raise _Stop
 
         handle = self.end.register_forward_pre_hook(stop, with_kwargs=True)
@@ -346,7 +349,7 @@ def _names(model: nn.Module) -> dict[int, str]:
 def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float) -> list[FoundBlock]:
     """The block of ``call`` as one or two sublayers (module docstring), checked on the example."""
     block = call.module
-    if call.x.shape != call.y.shape:
+    if call.x_value.shape != call.y_value.shape:
         return [FoundBlock(block, context, boundary=True)]
     inside = [c for c in calls if call.start < c.start and c.end < call.end]
     children = {id(m) for m in block.children()}
@@ -375,10 +378,10 @@ def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float)
             parts = [FoundBlock(block, context, "post_ln", end=first_end, part="first"),
                      FoundBlock(block, context, "post_ln", end=end, neutral={direct[0].module:
                                 _passing(direct[0].output)}, part="second")]
-    expected = call.y.double()
-    if parts is not None and _agrees(parts, call.x, expected):
+    expected = call.y_value.double()
+    if parts is not None and _agrees(parts, call.x_value, expected):
         return parts
-    if not _agrees(whole, call.x, expected):
+    if not _agrees(whole, call.x_value, expected):
         raise ModelConfigError(f"residual_stack: {type(block).__name__} computed again from its input does not "
                                f"give its output on the example (a block that reads more than its input?)")
     return whole
