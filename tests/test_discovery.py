@@ -401,3 +401,18 @@ def test_a_sublayer_returning_a_tuple_is_read_as_a_models_output():
     net.forward = forward  # what the first batch's check compares with
     assert relative(engine_grads(stack, trainers.build_engine("highway", k=2), x, y, cross_entropy_loss),
                     exact) < 1e-12
+
+
+def test_the_command_line_says_why_no_residual_stack_was_found(tmp_path, capsys):
+    from trainers.cli import train_main
+
+    (tmp_path / "plain.py").write_text("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+                                       "    def __init__(self):\n        super().__init__()\n"
+                                       "        self.a, self.b = nn.Linear(64, 8), nn.Linear(8, 10)\n\n"
+                                       "    def forward(self, x):\n        return self.b(torch.tanh(self.a(x)))\n")
+    code = train_main(["--model", f"{tmp_path / 'plain.py'}:Net", "--trainer", "highway", "--steps", "1",
+                       "--logdir", str(tmp_path / "runs"), "--progress", "false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "trainer 'highway' needs a residual stack or recurrent layers, and none was found in Net" in err[0]
+    assert not (tmp_path / "runs").exists()

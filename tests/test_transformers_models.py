@@ -5,6 +5,7 @@ identity is claimed. Skipped where transformers is not installed (CI installs it
 import pytest
 import torch
 from helpers import write_tiny_ptb
+from torch import nn
 
 import models
 import trainers
@@ -29,6 +30,14 @@ def llama():
     config = transformers.LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
     return transformers.LlamaForCausalLM(config).double()
+
+
+def bert(head="BertForSequenceClassification"):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=V, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=16, max_position_embeddings=16, num_labels=4,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return getattr(transformers, head)(config).double()
 
 
 CAUSAL = {"gpt2": gpt2, "llama": llama}
@@ -110,11 +119,7 @@ def test_the_trainer_refuses_the_double_shift_before_training(tmp_path):
 
 
 def test_bert_for_sequence_classification_own_loss_is_the_tasks():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=V, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=16, max_position_embeddings=16, num_labels=4,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = transformers.BertForSequenceClassification(config).double()
+    model = bert()
     x = lm_batch()[0]
     y = torch.tensor([0, 3, 1])
     exact = autograd_grads(model, cross_entropy_loss(model(x).logits, y))
@@ -171,3 +176,90 @@ def test_a_token_classifier_by_name_trains_on_the_copy_task(tmp_path):
                "--model-option", "hidden_size=8", "--model-option", "num_attention_heads=2",
                "--model-option", "intermediate_size=16", "--task", "copy", "--task-option", "n_train=32",
                "--task-option", "delay=3", tmp_path=tmp_path) == 0
+
+
+# ---- items 2-3: the residual structure found, Highway-BP exact at k >= L --------------------------------
+
+def classify(batch=B, steps=T, seed=1):
+    x = lm_batch(batch, steps, seed)[0]
+    x[0, -2:] = 0
+    return x, torch.arange(batch) % 4
+
+
+def token_labels(batch=B, steps=T, seed=1):
+    x, y = lm_batch(batch, steps, seed)
+    return x, y % 4
+
+
+MODELS = {  # builder, batch maker, loss, what is found, L (residual sublayers)
+    "gpt2": (gpt2, lm_batch, sequence_cross_entropy, "2 blocks (GPT2Block in transformer.h) as 4 residual "
+             "sublayers: 4 h + z", 4),
+    "llama": (llama, lm_batch, sequence_cross_entropy, "2 blocks (LlamaDecoderLayer in model.layers) as 4 "
+              "residual sublayers: 4 h + z", 4),
+    "bert": (bert, classify, cross_entropy_loss, "2 blocks (BertLayer in bert.encoder.layer) as 4 residual "
+             "sublayers: 4 LayerNorm(h + z)", 4),
+    "bert-tokens": (lambda: bert("BertForTokenClassification"), token_labels, sequence_cross_entropy,
+                    "2 blocks (BertLayer in bert.encoder.layer) as 4 residual sublayers: 4 LayerNorm(h + z)", 4),
+}
+# LlamaRMSNorm computes in float32 whatever the input's dtype: float64 agreement is to its rounding
+TOLERANCE = {"llama": 1e-6}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_highway_on_the_structure_found_is_backprop_at_full_k_and_not_at_k0(name):
+    build, make, loss_fn, found, L = MODELS[name]
+    model = build().eval()
+    x, y = make()
+    exact = autograd_grads(model, loss_fn(model(x).logits, y))
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, loss_fn), exact) < 1e-12
+    stack = models.residual_stack(model, example=x)
+    assert stack.found == found
+    named = lambda grads: {k.removeprefix("model."): v for k, v in grads.items()}  # noqa: E731
+    full = named(engine_grads(stack, trainers.build_engine("highway", k=L), x, y, loss_fn))
+    assert relative(full, exact) < TOLERANCE.get(name, 1e-12)
+    assert relative(named(engine_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn)), exact) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_masks_and_rotary_tables_are_rebuilt_for_another_batch_size_and_length(name):
+    build, make, loss_fn, _, L = MODELS[name]
+    model = build().eval()
+    stack = models.residual_stack(model, example=make()[0])  # found on (3, 7)
+    x, y = make(batch=2, steps=T + 3, seed=4)
+    exact = autograd_grads(model, loss_fn(model(x).logits, y))
+    got = {k.removeprefix("model."): v
+           for k, v in engine_grads(stack, trainers.build_engine("highway", k=L), x, y, loss_fn).items()}
+    assert relative(got, exact) < TOLERANCE.get(name, 1e-12)
+
+
+def test_the_found_gpt2_stack_is_the_hand_declared_one():
+    model = gpt2().eval()
+    x, y = lm_batch()
+    t = model.transformer
+
+    class Attention(nn.Module):  # the 7 lines users needed: GPT-2's attention returns a tuple
+        def __init__(self, attn):
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, h):
+            return self.attn(h)[0]
+
+    hand = models.residual_stack(
+        model, stem=lambda idx: t.drop(t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))),
+        blocks=[pair for b in t.h for pair in ((b.ln_1, Attention(b.attn)), (b.ln_2, b.mlp))],
+        head=lambda h: model.lm_head(t.ln_f(h)), example=x)
+    found = models.residual_stack(model, example=x)
+    for k in (0, 1, 2):
+        engine = trainers.build_engine("highway", k=k)
+        assert relative(engine_grads(found, engine, x, y, sequence_cross_entropy),
+                        engine_grads(hand, engine, x, y, sequence_cross_entropy)) < 1e-12
+
+
+def test_highway_finds_the_stack_from_the_command_line_and_says_so(tmp_path, capsys):
+    gpt = ["--model", "transformers:GPT2LMHeadModel", "--model-option", "n_layer=2", "--model-option", "n_embd=8",
+           "--model-option", "n_head=2", "--task", "ptb-word", "--data-dir", str(write_tiny_ptb(tmp_path)),
+           "--task-option", f"seq_len={T}", "--trainer", "highway", "--highway-k", "1"]
+    assert cli(*gpt, tmp_path=tmp_path) == 0
+    assert "note: highway: found 2 blocks (GPT2Block in transformer.h) as 4 residual sublayers: 4 h + z" \
+        in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""timm's models as researchers train them, on tiny random configurations: the original ResNet
+(BasicBlock and Bottleneck: ReLU(h + z), in-place ReLUs, projection shortcuts) and the ViT, in
+float64. timm needs torchvision, which imports here only beside torch 2.14.1: these tests run in
+.venv-timm (`bash scripts/setup.sh timm`, then `.venv-timm/bin/python -m pytest tests/test_timm_models.py`)
+and are skipped in CI's environment, which has no timm."""
+
+import pytest
+import torch
+
+import models
+import trainers
+from tasks.base import cross_entropy_loss
+from trainers.core.engine import trainable_parameters
+
+timm = pytest.importorskip("timm")
+
+
+def randomised(model):
+    """BatchNorm with non-trivial affine parameters and statistics: timm zero-initialises each block's last
+    BatchNorm, which makes every residual branch zero and Highway-BP exact at any k."""
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=gen, dtype=m.weight.dtype) + 0.5)
+                m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen, dtype=m.bias.dtype))
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen, dtype=m.bias.dtype) + 0.5)
+    return model
+
+
+CASES = {  # model, training mode, what is found, the longest segment
+    "resnet18": (lambda: timm.create_model("resnet18", num_classes=10, in_chans=1, channels=(8, 16, 16, 32)),
+                 False, "8 blocks (BasicBlock in layer1, layer2, layer3, layer4) as 8 residual sublayers: "
+                        "4 exact boundaries (a shape change), 4 ReLU(h + z)", 1),
+    "resnet18-train": (lambda: timm.create_model("resnet18", num_classes=10, in_chans=1, channels=(8, 16, 16, 32)),
+                       True, None, 1),
+    "resnet26": (lambda: timm.create_model("resnet26", num_classes=10, in_chans=1, channels=(4, 8, 8, 8)),
+                 False, "8 blocks (Bottleneck in layer1, layer2, layer3, layer4) as 8 residual sublayers: "
+                        "3 exact boundaries (a shape change), 5 ReLU(h + z)", 3),  # layer4 keeps 1 x 1
+    "vit": (lambda: timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, num_classes=10,
+                                      in_chans=1, embed_dim=16, depth=3, num_heads=2),
+            False, "3 blocks (Block in blocks) as 6 residual sublayers: 6 h + z", 6),
+}
+
+
+def relative(a: dict, b: dict) -> float:
+    num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
+    return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
+
+
+def grads(model, engine, x, y):
+    engine.compute_grads(model, x, y, cross_entropy_loss)
+    return {n.removeprefix("model."): p.grad.clone() for n, p in trainable_parameters(model)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_highway_on_the_structure_found_is_backprop_at_full_k_and_not_at_k0(name):
+    build, training, found, L = CASES[name]
+    torch.manual_seed(0)
+    model = randomised(build().double()).train(training)
+    x, y = torch.randn(4, 1, 16, 16, dtype=torch.float64), torch.tensor([1, 4, 7, 0])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    named = trainable_parameters(model)
+    exact = dict(zip((n for n, _ in named), torch.autograd.grad(cross_entropy_loss(model(x), y),
+                                                                [p for _, p in named]), strict=True))
+    model.load_state_dict(state)  # BatchNorm's statistics as before that forward
+    assert relative(grads(model, trainers.build_engine("backprop"), x, y), exact) < 1e-12
+    model.load_state_dict(state)
+    stack = models.residual_stack(model, example=x)
+    assert found is None or stack.found == found
+    model.load_state_dict(state)
+    assert relative(grads(stack, trainers.build_engine("highway", k=L), x, y), exact) < 1e-12
+    assert relative(grads(stack, trainers.build_engine("highway", k=0), x, y), exact) > 1e-3 if L > 1 else True
+
+
+def test_a_deeper_resnet_segment_is_approximated_at_k0_and_exact_at_its_length():
+    torch.manual_seed(0)
+    model = randomised(timm.create_model("resnet34", num_classes=10, in_chans=1, channels=(8, 8, 8, 8))
+                       .double()).eval()  # segments of 2, 3 and 8 blocks (layer4 keeps layer3's 1 x 1)
+    x, y = torch.randn(4, 1, 16, 16, dtype=torch.float64), torch.tensor([1, 4, 7, 0])
+    stack = models.residual_stack(model, example=x)
+    named = trainable_parameters(model)
+    exact = dict(zip((n for n, _ in named), torch.autograd.grad(cross_entropy_loss(model(x), y),
+                                                                [p for _, p in named]), strict=True))
+    assert stack.found.endswith("3 exact boundaries (a shape change), 13 ReLU(h + z)")
+    assert relative(grads(stack, trainers.build_engine("highway", k=8), x, y), exact) < 1e-12
+    assert relative(grads(stack, trainers.build_engine("highway", k=7), x, y), exact) > 1e-6
+    assert relative(grads(stack, trainers.build_engine("highway", k=0), x, y), exact) > 1e-3
+
+
+def test_timm_create_model_trains_from_the_command_line(tmp_path, capsys):
+    from trainers.cli import train_main
+
+    timm_model = ["--model", "timm:create_model", "--model-option", "model_name=resnet18", "--model-option",
+                  "num_classes=10", "--model-option", "in_chans=1", "--model-option", "channels=(8,8,16,16)",
+                  "--task", "digits", "--task-option", "flatten=False", "--steps", "3", "--progress", "false",
+                  "--logdir", str(tmp_path / "runs"), "--eval-batches", "1"]
+    assert train_main(timm_model) == 0
+    assert train_main([*timm_model, "--trainer", "highway", "--highway-k", "1"]) == 0
+    assert "note: highway: found 8 blocks (BasicBlock in layer1, layer2, layer3, layer4)" in capsys.readouterr().err
