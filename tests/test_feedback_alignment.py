@@ -130,8 +130,13 @@ def test_refuses_layers_without_a_transposable_map_in_one_line(rule):
     with pytest.raises(trainers.IncompatibleModelError) as err:
         engine.check(stack)
     assert str(err.value).count("\n") == 0 and "needs nn.Linear or zero-padded nn.Conv2d layers" in str(err.value)
+    engine.check(models.build("residual_mlp", in_features=6, out_features=3, depth=2, width=4))  # the layer path
+    with pytest.raises(trainers.IncompatibleModelError, match="has none that is trained") as err:
+        engine.check(nn.Sequential(nn.Embedding(4, 3), nn.Tanh()))
+    assert "\n" not in str(err.value)
     with pytest.raises(trainers.IncompatibleModelError, match="needs a layer stack"):
-        engine.check(models.build("residual_mlp", in_features=6, out_features=3, depth=2, width=4))
+        trainers.build_engine(rule, path="stack").check(models.build("residual_mlp", in_features=6, out_features=3,
+                                                                      depth=2, width=4))
 
 
 # ---- convolutional layers ------------------------------------------------------------------------

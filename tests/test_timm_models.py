@@ -98,3 +98,25 @@ def test_timm_create_model_trains_from_the_command_line(tmp_path, capsys):
     assert train_main(timm_model) == 0
     assert train_main([*timm_model, "--trainer", "highway", "--highway-k", "1"]) == 0
     assert "note: highway: found 8 blocks (BasicBlock in layer1, layer2, layer3, layer4)" in capsys.readouterr().err
+
+
+def test_fa_on_a_resnet_covers_every_convolution_and_with_b_equal_w_is_backprop():
+    from trainers.engines.feedback_layers import covered_layers
+
+    torch.manual_seed(0)
+    model = randomised(timm.create_model("resnet18", num_classes=10, in_chans=1, channels=(8, 16, 16, 32))
+                       .double()).eval()
+    x, y = torch.randn(4, 1, 16, 16, dtype=torch.float64), torch.tensor([1, 4, 7, 0])
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    covered = covered_layers(model)
+    assert len(covered) == 22  # the stem, 2 per block, 4 projection shortcuts, the classifier
+    engine = trainers.build_engine("fa")
+    drawn = grads(model, engine, x, y)
+    assert len(engine.layers.feedback) == 21  # all but the stem, whose input is the image
+    for name in engine.layers.feedback:
+        if name != "fc":
+            assert relative({"w": drawn[f"{name}.weight"]}, {"w": exact[f"{name}.weight"]}) > 1e-3, name
+    for name, module in covered:
+        if name in engine.layers.feedback:
+            engine.layers.feedback[name] = module.weight.detach().clone()
+    assert relative(grads(model, engine, x, y), exact) < 1e-12

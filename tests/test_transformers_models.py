@@ -263,3 +263,24 @@ def test_highway_finds_the_stack_from_the_command_line_and_says_so(tmp_path, cap
     assert cli(*gpt, tmp_path=tmp_path) == 0
     assert "note: highway: found 2 blocks (GPT2Block in transformer.h) as 4 residual sublayers: 4 h + z" \
         in capsys.readouterr().err
+
+
+# ---- item 6: FA and DFA on the model as it is -------------------------------------------------------
+
+def test_fa_on_gpt2_covers_its_conv1d_layers_and_with_b_equal_w_is_backprop():
+    from trainers.engines.feedback_layers import covered_layers
+
+    model = gpt2().eval()
+    x, y = lm_batch()
+    exact = engine_grads(model, trainers.build_engine("backprop"), x, y)
+    covered = covered_layers(model)
+    assert [type(m).__name__ for _, m in covered].count("Conv1D") == 8 and len(covered) == 9  # + the tied head
+    engine = trainers.build_engine("fa")
+    drawn = engine_grads(model, engine, x, y)
+    for name, _ in covered[:-1]:
+        assert relative({"w": drawn[f"{name}.weight"]}, {"w": exact[f"{name}.weight"]}) > 1e-3, name
+    for name, module in covered:
+        engine.layers.feedback[name] = module.weight.detach().clone()
+    assert relative(engine_grads(model, engine, x, y), exact) < 1e-12
+    dfa = engine_grads(model, trainers.build_engine("dfa"), x, y)
+    assert relative(dfa, exact) > 1e-3 and all(torch.isfinite(g).all() for g in dfa.values())

@@ -134,13 +134,14 @@ def test_a_syntax_error_in_the_file_is_one_line(tmp_path, capsys):
 
 
 def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, capsys):
-    """A plain nn.Module satisfies no engine's structure: the comparison runs backprop on it, with its
-    summary and figure, and a named trainer that needs a structure is refused in one line."""
+    """A plain nn.Module of nn.Linear layers is no layer stack, residual stack or recurrent model: the
+    comparison runs backprop and the trainers that need only its weight layers (FA and DFA, on the layer
+    path), with its summary and figure, and a named trainer that needs a structure is refused in one line."""
     logdir = tmp_path / "runs"
     assert compare_main(["--model", f"{user_file}:Net", "--steps", "5", "--seeds", "0", "--logdir", str(logdir),
                          "--progress", "false"]) == 0
     experiment = logdir / "compare-digits"
-    assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == ["backprop"]
+    assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == ["backprop", "dfa", "fa"]
     assert (experiment / "summary.md").exists() and (experiment / "comparison.png").exists()
     capsys.readouterr()
     assert compare_main(["--model", f"{user_file}:Net", "--trainers", "foton", "--steps", "5", "--seeds", "0",

@@ -47,7 +47,7 @@ from torch import nn
 from models.adapters.calling import call_model
 from models.errors import ModelConfigError
 
-__all__ = ["ResidualFound", "FoundBlock", "discover"]
+__all__ = ["ResidualFound", "FoundBlock", "discover", "replaced_forwards"]
 
 ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.ELU, nn.LeakyReLU, nn.CELU, nn.SELU, nn.Mish)
 
@@ -169,7 +169,7 @@ def _chain(calls: list[_Call]) -> list[_Call]:
 
 
 @contextlib.contextmanager
-def _forwards(replacements: dict[nn.Module, Callable]) -> Iterator[None]:
+def replaced_forwards(replacements: dict[nn.Module, Callable]) -> Iterator[None]:
     """Each module's forward replaced for the duration (an instance attribute, put back after)."""
     saved = {module: module.__dict__.get("forward") for module in replacements}
     for module, forward in replacements.items():
@@ -226,7 +226,7 @@ class FoundBlock(nn.Module):
             args[ctx.where] = h
         else:
             kwargs[ctx.where] = h
-        with _forwards(self.neutral):
+        with replaced_forwards(self.neutral):
             return self.module(*args, **kwargs)
 
     def _sum(self, h: torch.Tensor) -> torch.Tensor:
@@ -307,7 +307,7 @@ class ResidualFound(nn.Module):
             seen["args"], seen["kwargs"] = args, kwargs
             raise _Stop
 
-        with _forwards({self.chain[0]: intercept}):
+        with replaced_forwards({self.chain[0]: intercept}):
             try:
                 call_model(self.model, x, targets)
             except _Stop:
@@ -332,7 +332,7 @@ class ResidualFound(nn.Module):
         for module in stem:  # its output is not read: no second update of BatchNorm statistics, no dropout draw
             module.training = False
         try:
-            with _forwards(replace):
+            with replaced_forwards(replace):
                 return call_model(self.model, ctx.inputs, ctx.targets).outputs
         finally:
             for module, mode in stem.items():

@@ -34,20 +34,29 @@ first step, from the engine's own generator (``feedback_seed``):
 trained, and saved in checkpoints. These are the usual baselines of
 forward-learning papers (the FOTON paper's results table reports both beside
 PEPITA).
+
+Any other model (a ResNet, a Transformer of transformers or timm, a user's
+module) takes the layer path (``trainers.engines.feedback_layers``): every
+nn.Linear, zero-padded nn.Conv2d and transformers Conv1D runs its forward
+through a function whose backward uses the same feedback, and autograd does
+the rest. ``path=auto`` takes the stack path on a layer stack (it computes
+no backward through the network) and the layer path elsewhere.
 """
 
 import copy
 import dataclasses
 import math
+from typing import Literal
 
 import torch
 import torch.nn as nn
 
-from trainers.core.engine import GradientEngine, StepOutput
+from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
 from trainers.core.protocols import LayerStack, require
 from trainers.core.registry import register_engine
+from trainers.engines.feedback_layers import LocalFeedback, covered_layers
 from trainers.engines.forward_only import linear_part, output_error, write_layer_grads
 
 __all__ = ["FeedbackAlignment", "DirectFeedbackAlignment"]
@@ -90,17 +99,32 @@ def _graph(output: torch.Tensor) -> torch.Tensor | None:
 class _RandomFeedback(GradientEngine):
     """The pass shared by FA and DFA; subclasses give the feedback shapes and the projection."""
 
+    direct = False  # DFA: the output error projected at each layer
+
     @dataclasses.dataclass
     class Options:
         feedback_seed: int = option(0, "seed of the fixed random feedback matrices")
+        path: Literal["auto", "stack", "layers"] = option(
+            "auto", "stack: the layer-stack pass (no backward through the network); layers: every weight layer's "
+                    "backward swapped, autograd elsewhere (any model); auto: stack on a layer stack")
 
     def __init__(self, **options):
         super().__init__(**options)
         if not 0 <= self.options.feedback_seed < 2**63:
             raise ConfigError(f"--{self.name}-feedback-seed must be in [0, 2**63), got {self.options.feedback_seed}")
         self.feedback: list[torch.Tensor] | None = None  # drawn at the first step
+        self.layers = LocalFeedback(self.direct, self.options.feedback_seed)  # the layer path's
+
+    def _stack_path(self, model: nn.Module) -> bool:
+        return self.options.path == "stack" or (self.options.path == "auto" and isinstance(model, LayerStack))
 
     def check(self, model: nn.Module) -> None:
+        if not self._stack_path(model):
+            if not covered_layers(model):
+                raise IncompatibleModelError(
+                    f"trainer '{self.name}' replaces the backward of nn.Linear, zero-padded nn.Conv2d or transformers "
+                    f"Conv1D layers with random feedback; {type(model).__name__} has none that is trained")
+            return
         require(model, LayerStack, self.name, "a layer stack h_l = act(A_l h_{l-1} + b_l) of nn.Linear or nn.Conv2d "
                 "layers", _ZOO)
         others = [type(layer).__name__ for layer in model.layers if feedback_kind(layer) is None]
@@ -133,6 +157,11 @@ class _RandomFeedback(GradientEngine):
                          for shape, fan_in in shapes]
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        if not self._stack_path(model):
+            params = [p for _, p in trainable_parameters(model)]
+            outputs, loss, grads = self.layers.compute(model, inputs, targets, loss_fn, params)
+            write_grads(params, grads)
+            return StepOutput(loss=loss.detach(), outputs=outputs.detach())
         layers = list(model.layers)
         batch = inputs.shape[0]
         with torch.no_grad():
@@ -165,10 +194,11 @@ class _RandomFeedback(GradientEngine):
         return StepOutput(loss=loss.detach(), outputs=y.detach())
 
     def state_dict(self) -> dict:
-        return {"feedback": self.feedback}
+        return {"feedback": self.feedback, "layers": self.layers.feedback}
 
     def load_state_dict(self, state: dict) -> None:
         self.feedback = state["feedback"]
+        self.layers.feedback = dict(state.get("layers", {}))
 
 
 @register_engine("fa")
@@ -206,6 +236,8 @@ class FeedbackAlignment(_RandomFeedback):
 @register_engine("dfa")
 class DirectFeedbackAlignment(_RandomFeedback):
     """DFA (module docstring): delta_l = (D_l^T e) * dh_l/da_l, D_l of shape d_L x (features of a_l)."""
+
+    direct = True
 
     def feedback_shapes(self, layers, hidden, outputs):
         return [((outputs, math.prod(shape)), outputs) for shape in hidden]  # D_1 .. D_{L-1}

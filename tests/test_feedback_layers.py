@@ -1,0 +1,177 @@
+"""FA and DFA on any model (trainers/engines/feedback_layers.py): every nn.Linear / nn.Conv2d's backward
+uses the fixed feedback, autograd does the rest. Float64: on a layer stack the layer path is the stack
+path with the same feedback; with B = W, FA is backprop on a ResNet and a Transformer; with D = W_2,
+one-hidden-layer DFA is backprop; with drawn feedback every covered layer's gradient differs from
+backprop's, and the count of covered layers is checked so that an uncovered one cannot hide."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import models
+import trainers
+from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from trainers.core.engine import trainable_parameters
+from trainers.engines.feedback_layers import covered_layers
+
+V, T, B = 11, 5, 4
+
+
+class Block(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.ln_1, self.attn, self.proj = nn.LayerNorm(n), nn.Linear(n, 3 * n), nn.Linear(n, n)
+        self.ln_2, self.fc, self.out = nn.LayerNorm(n), nn.Linear(n, 2 * n), nn.Linear(2 * n, n)
+
+    def forward(self, x):
+        q, k, v = self.attn(self.ln_1(x)).chunk(3, dim=-1)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return x + self.out(F.gelu(self.fc(self.ln_2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, n=8, layers=2):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, n), nn.Embedding(T, n)
+        self.h = nn.ModuleList(Block(n) for _ in range(layers))
+        self.ln_f, self.lm_head = nn.LayerNorm(n), nn.Linear(n, V, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as GPT-2's
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1)
+        self.c1, self.c2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.down, self.proj = nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.Conv2d(4, 6, 1, stride=2)
+        self.bn = nn.BatchNorm2d(6)
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(h + self.c2(torch.relu(self.c1(h))))
+        h = torch.relu(self.bn(self.down(h)) + self.proj(h))
+        return self.fc(h.mean((2, 3)))
+
+
+def gpt_case():
+    torch.manual_seed(0)
+    x = torch.randint(0, V, (B, T))
+    return TinyGPT().double(), x, torch.randint(0, V, (B, T)), sequence_cross_entropy, 9
+
+
+def resnet_case():
+    torch.manual_seed(0)
+    return TinyResNet().double().train(), torch.randn(B, 1, 6, 6, dtype=torch.float64), torch.tensor([1, 2, 3, 9]), \
+        cross_entropy_loss, 6
+
+
+CASES = {"transformer": gpt_case, "resnet": resnet_case}
+
+
+def grads(model, engine, x, y, loss_fn):
+    engine.compute_grads(model, x, y, loss_fn)
+    return {n: p.grad.clone() for n, p in trainable_parameters(model)}
+
+
+def relative(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fa_with_the_forward_weights_as_feedback_is_backprop_and_drawn_feedback_is_not(case):
+    model, x, y, loss_fn, count = CASES[case]()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    exact = grads(model, trainers.build_engine("backprop"), x, y, loss_fn)
+    covered = covered_layers(model)
+    assert len(covered) == count
+    engine = trainers.build_engine("fa")
+    model.load_state_dict(state)  # BatchNorm's statistics as before
+    drawn = grads(model, engine, x, y, loss_fn)
+    reading_data = {"resnet": ["stem"], "transformer": []}[case]  # its input needs no error: no feedback drawn
+    assert sorted(engine.layers.feedback) == sorted(name for name, _ in covered if name not in reading_data)
+    below_the_top = [name for name, _ in covered][:-1]  # the output layer's error is e itself
+    for name in below_the_top:
+        assert relative(drawn[f"{name}.weight"], exact[f"{name}.weight"]) > 1e-3, name
+    for name, module in covered:
+        if name in engine.layers.feedback:
+            engine.layers.feedback[name] = module.weight.detach().clone()  # B = W
+    model.load_state_dict(state)
+    same = grads(model, engine, x, y, loss_fn)
+    for name in exact:
+        torch.testing.assert_close(same[name], exact[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+class OneHidden(nn.Module):
+    """Not a layer stack (a norm between the layers, a skip into the output): one hidden layer for DFA."""
+
+    def __init__(self, hidden=1):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(6, 7), *(nn.Linear(7, 7) for _ in range(hidden - 1))])
+        self.norm, self.head = nn.LayerNorm(7), nn.Linear(7, 3)
+
+    def forward(self, x):
+        h = x
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
+        return self.head(self.norm(h)) + x[:, :3]
+
+
+def test_dfa_with_one_hidden_layer_and_the_output_weights_as_feedback_is_backprop():
+    torch.manual_seed(0)
+    x, y = torch.randn(B, 6, dtype=torch.float64), torch.tensor([0, 2, 1, 1])
+    model = OneHidden().double()
+    exact = grads(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss)
+    engine = trainers.build_engine("dfa")
+    grads(model, engine, x, y, cross_entropy_loss)
+    engine.layers.feedback["head"] = model.head.weight.detach().clone()  # D = W_2: e D is backprop's e W_2
+    same = grads(model, engine, x, y, cross_entropy_loss)
+    for name in exact:
+        torch.testing.assert_close(same[name], exact[name], rtol=1e-12, atol=1e-14, msg=name)
+    deeper = OneHidden(hidden=2).double()  # two hidden layers: the lower one gets e D_1, not backprop's error
+    exact = grads(deeper, trainers.build_engine("backprop"), x, y, cross_entropy_loss)
+    engine = trainers.build_engine("dfa")
+    grads(deeper, engine, x, y, cross_entropy_loss)
+    engine.layers.feedback["head"] = deeper.head.weight.detach().clone()
+    got = grads(deeper, engine, x, y, cross_entropy_loss)
+    assert relative(got["layers.0.weight"], exact["layers.0.weight"]) > 1e-3
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_on_a_layer_stack_the_layer_path_is_the_stack_path(rule):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    stack = models.layer_stack(net)
+    x, y = torch.randn(B, 6, dtype=torch.float64), torch.tensor([0, 2, 1, 1])
+    on_stack = trainers.build_engine(rule, path="stack")
+    expected = grads(stack, on_stack, x, y, cross_entropy_loss)
+    on_layers = trainers.build_engine(rule, path="layers")
+    grads(stack, on_layers, x, y, cross_entropy_loss)
+    names = [n for n, _ in covered_layers(stack)]  # sequential.0, .2, .4
+    if rule == "fa":  # B_2, B_3 feed layers 2 and 3's inputs
+        on_layers.layers.feedback.update({names[1]: on_stack.feedback[0], names[2]: on_stack.feedback[1]})
+    else:  # D_1, D_2: e projected at the inputs of layers 2 and 3
+        on_layers.layers.feedback.update({names[1]: on_stack.feedback[0], names[2]: on_stack.feedback[1]})
+    got = grads(stack, on_layers, x, y, cross_entropy_loss)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_fa_and_dfa_train_a_transformer_through_the_trainer_and_resume_their_feedback(rule):
+    model, x, y, loss_fn, _ = gpt_case()
+    engine = trainers.build_engine(rule)
+    first = grads(model, engine, x, y, loss_fn)
+    again = trainers.build_engine(rule, feedback_seed=7)
+    again.load_state_dict(engine.state_dict())  # a resume: the feedback of the checkpoint, not a new draw
+    for name, g in grads(model, again, x, y, loss_fn).items():
+        torch.testing.assert_close(g, first[name], rtol=0, atol=0)
+    other = grads(model, trainers.build_engine(rule, feedback_seed=7), x, y, loss_fn)
+    assert relative(other["h.0.fc.weight"], first["h.0.fc.weight"]) > 1e-3

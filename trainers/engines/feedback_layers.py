@@ -1,0 +1,190 @@
+"""FA and DFA on any model: every weight layer's backward uses the fixed feedback, the rest is autograd.
+
+BioTorch's way (each nn.Linear and nn.Conv2d swapped for a layer whose backward uses the
+feedback), here without replacing a module or a Parameter: during one gradient computation the
+covered layers' forwards are replaced (instance attributes, put back after) by one autograd
+function whose forward is the layer's and whose backward is, with delta the error at the
+layer's output and x its input:
+
+    grad W = delta^T x,  grad b = sum delta      (the layer's own, local and exact)
+    grad x = delta B      FA: B fixed random, of W's shape (backprop is B = W)
+           = e D          DFA: e = dL/dy at the model's output, D fixed random d_y x d_x
+
+Everything between covered layers (activations, norms, attention's products, residual
+additions, embeddings) is differentiated exactly by autograd: in a ResNet or a Transformer the
+residual path carries the error exactly and each covered layer hands a feedback error to what
+lies below it. On a layer stack, h_l = act(A_l h_{l-1} + b_l), this is the stack path of
+``feedback_alignment`` exactly: DFA's e D arrives at h_l, the input of layer l + 1, and meets
+act'(a_l) there (Nøkland's delta_l = (D_l e) * f'(a_l)).
+
+DFA's projection reads the layers' shapes: where the layer's input has the output's leading
+dimensions (a Transformer's (B, T, d) and an LM's (B, T, V)) D is d_y x d_in, applied at every
+position; a per-sample output (B, C) against a sequence input (B, T, d) is projected to every
+position alike; otherwise (convolutions) D is d_y x (the input's features per sample), as on the
+stack path. Covered: nn.Linear, zero-padded nn.Conv2d, transformers' Conv1D (y = x W + b with
+W (in, out): 8 of GPT-2's 9 projections). Parameters of other modules (embeddings, norms) get
+autograd's gradient of the error that reaches them; a weight tied to a covered layer (GPT-2's
+lm_head is wte) gets the sum of both uses. Random tensors: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+with the fan-in of the map they replace (FA: the layer's input width or C_in k^2 / groups; DFA:
+d_y), each drawn when first needed from a generator seeded by (feedback_seed, the layer's index
+among the covered layers), never trained, saved in checkpoints.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.adapters.calling import call_model
+from models.adapters.discovery import replaced_forwards
+
+__all__ = ["covered_layers", "LocalFeedback"]
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers' Conv1D: a dense layer y = x W + b with W stored (in, out)."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(module, "weight", None) is not None
+
+
+def covered_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every layer whose backward the feedback replaces, in module order."""
+    out = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.requires_grad:
+            continue
+        if isinstance(module, nn.Linear) or _is_conv1d(module) or (
+                isinstance(module, nn.Conv2d) and module.padding_mode == "zeros"):
+            out.append((name, module))
+    return out
+
+
+class _Dense:
+    """y = x W^T + b (nn.Linear), or y = x W + b (Conv1D: ``transposed``)."""
+
+    def __init__(self, module: nn.Module):
+        self.transposed = _is_conv1d(module)
+
+    def forward(self, x, weight, bias):
+        return F.linear(x, weight.t() if self.transposed else weight, bias)
+
+    def weight_grad(self, x, g, shape):
+        gw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])  # (out, in)
+        return gw.t() if self.transposed else gw
+
+    def bias_grad(self, g):
+        return g.reshape(-1, g.shape[-1]).sum(0)
+
+    def feedback_input(self, g, B, shape):
+        return g @ (B.t() if self.transposed else B)
+
+    def fan_in(self, weight) -> int:
+        return weight.shape[0] if self.transposed else weight.shape[1]
+
+
+class _Conv:
+    """A zero-padded nn.Conv2d."""
+
+    def __init__(self, module: nn.Conv2d):
+        self.args = (module.stride, module.padding, module.dilation, module.groups)
+
+    def forward(self, x, weight, bias):
+        return F.conv2d(x, weight, bias, *self.args)
+
+    def weight_grad(self, x, g, shape):
+        return torch.nn.grad.conv2d_weight(x, shape, g, *self.args)
+
+    def bias_grad(self, g):
+        return g.sum((0, 2, 3))
+
+    def feedback_input(self, g, B, shape):  # the transposed convolution with the random kernel
+        return torch.nn.grad.conv2d_input(shape, B, g, *self.args)
+
+    def fan_in(self, weight) -> int:
+        return weight[0].numel()
+
+
+class _LocalBackward(torch.autograd.Function):
+    """The layer's forward; a backward whose input gradient is ``feed(delta, x)`` (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, kind, feed):
+        ctx.save_for_backward(x)
+        ctx.kind, ctx.feed, ctx.weight_shape = kind, feed, weight.shape
+        return kind.forward(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        gx = ctx.feed(g, x) if ctx.needs_input_grad[0] else None
+        gw = ctx.kind.weight_grad(x, g, ctx.weight_shape) if ctx.needs_input_grad[1] else None
+        gb = ctx.kind.bias_grad(g) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None
+
+
+def _uniform(shape, fan_in: int, seed: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(hash(seed) % 2**63)
+    return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)).to(like)
+
+
+class LocalFeedback:
+    """FA (``direct=False``) or DFA (``direct=True``) on any model (module docstring). ``feedback``: layer name ->
+    its random tensor (B or D), drawn when first needed; tests may set B = W."""
+
+    def __init__(self, direct: bool, seed: int):
+        self.direct, self.seed = direct, seed
+        self.feedback: dict[str, torch.Tensor] = {}
+        self._e: torch.Tensor | None = None  # DFA: the error at the model's output, this step
+
+    def _tensor(self, index: int, name: str, shape, fan_in: int, like: torch.Tensor) -> torch.Tensor:
+        t = self.feedback.get(name)
+        if t is None or tuple(t.shape) != tuple(shape):
+            t = self.feedback[name] = _uniform(shape, fan_in, (self.seed, index), like)
+        elif t.dtype != like.dtype or t.device != like.device:
+            t = self.feedback[name] = t.to(like)
+        return t
+
+    def _feed(self, index: int, name: str, module: nn.Module, kind) -> Callable:
+        if not self.direct:
+            def fa(g, x):
+                B = self._tensor(index, name, module.weight.shape, kind.fan_in(module.weight), g)
+                return kind.feedback_input(g, B, x.shape)
+            return fa
+
+        def dfa(g, x):
+            e = self._e
+            batch = x.shape[0]
+            if isinstance(kind, _Dense) and e.shape[:-1] == x.shape[:-1]:  # position by position
+                D = self._tensor(index, name, (e.shape[-1], x.shape[-1]), e.shape[-1], g)
+                return e @ D
+            if isinstance(kind, _Dense) and e.dim() == 2 and x.dim() > 2:  # one error for every position
+                D = self._tensor(index, name, (e.shape[-1], x.shape[-1]), e.shape[-1], g)
+                return (e @ D).reshape(batch, *([1] * (x.dim() - 2)), x.shape[-1]).expand_as(x)
+            d_y, d_x = e[0].numel(), x[0].numel()
+            D = self._tensor(index, name, (d_y, d_x), d_y, g)
+            return (e.reshape(batch, -1) @ D).reshape(x.shape)
+        return dfa
+
+    def _forward(self, index: int, name: str, module: nn.Module) -> Callable:
+        """The layer's forward through ``_LocalBackward``."""
+        kind = _Conv(module) if isinstance(module, nn.Conv2d) else _Dense(module)
+        feed = self._feed(index, name, module, kind)
+        return lambda x: _LocalBackward.apply(x, module.weight, module.bias, kind, feed)
+
+    def compute(self, model: nn.Module, inputs, targets, loss_fn, params: list[torch.Tensor]):
+        """(outputs, loss, gradients of ``params``) with every covered layer's backward swapped."""
+        replace = {module: self._forward(index, name, module) for index, (name, module) in
+                   enumerate(covered_layers(model))}
+        with replaced_forwards(replace):
+            outputs = call_model(model, inputs, targets).outputs
+        if self.direct and outputs.requires_grad:
+            outputs.register_hook(self._keep_error)
+        loss = loss_fn(outputs, targets)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        self._e = None
+        return outputs, loss, grads
+
+    def _keep_error(self, e: torch.Tensor) -> None:
+        self._e = e  # dL/dy: reaches the output before any layer's backward runs
