@@ -184,22 +184,26 @@ def replaced_forwards(replacements: dict[nn.Module, Callable]) -> Iterator[None]
                 module.forward = old
 
 
-def _sanitise(value: Any) -> Any:
-    """An argument a block may be given again: a generation cache dropped, ``use_cache`` off."""
-    if type(value).__name__.endswith("Cache"):
-        return None
-    return value
+def _again(value: Any) -> Any:
+    """An argument a block may be given again: a generation cache (transformers' ``...Cache``) dropped."""
+    return None if type(value).__name__.endswith("Cache") else value
 
 
 @dataclasses.dataclass
 class _Context:
     """What the current batch's forward passes its blocks, and the batch itself (for the head)."""
 
+    where: int | str  # the position (or keyword) of the state among the block's arguments
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
-    where: int | str = 0  # the position (or keyword) of the state among the block's arguments
     inputs: Any = None
     targets: Any = None
+
+    def keep(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        """Keep a block call's arguments (a cache dropped, ``use_cache`` off); returns its state."""
+        self.args = tuple(_again(a) for a in args)
+        self.kwargs = {k: False if k == "use_cache" else _again(v) for k, v in kwargs.items()}
+        return self.args[self.where] if isinstance(self.where, int) else self.kwargs[self.where]
 
 
 class FoundBlock(nn.Module):
@@ -211,10 +215,10 @@ class FoundBlock(nn.Module):
     change, backpropagated exactly."""
 
     def __init__(self, module: nn.Module, context: _Context, kind: str = "add", *, end: nn.Module | None = None,
-                 neutral: dict | None = None, boundary: bool = False, part: str = "whole", gamma: float = 0.0):
+                 neutral: dict | None = None, boundary: bool = False, gamma: float = 0.0):
         super().__init__()
         self.module = module  # registered: its parameters are this sublayer's (an unused half gets none)
-        self.kind, self.boundary, self.part, self.gamma = kind, boundary, part, gamma
+        self.kind, self.boundary, self.gamma = kind, boundary, gamma
         self.__dict__["context"] = context
         self.__dict__["end"] = end
         self.__dict__["neutral"] = neutral or {}
@@ -315,11 +319,8 @@ class ResidualFound(nn.Module):
         if "args" not in seen:
             raise ModelConfigError(f"residual_stack: {type(self.chain[0]).__name__}, the first block found, was "
                                    f"not called on this batch")
-        ctx = self.context
-        ctx.args = tuple(_sanitise(a) for a in seen["args"])
-        ctx.kwargs = {k: False if k == "use_cache" else _sanitise(v) for k, v in seen["kwargs"].items()}
-        ctx.inputs, ctx.targets = x, targets
-        return ctx.args[ctx.where] if isinstance(ctx.where, int) else ctx.kwargs[ctx.where]
+        self.context.inputs, self.context.targets = x, targets
+        return self.context.keep(seen["args"], seen["kwargs"])
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The forward after the last block: the forward again, every block passing its input through and the
@@ -369,15 +370,14 @@ def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float)
         again = next((c for c in direct[2:] if type(c.module) is type(direct[0].module)), None)
         if again is not None:  # pre-LN: h1 = h + mixer(norm1(h)) is the second norm's input
             mixer = direct[1]
-            parts = [FoundBlock(block, context, "add", end=again.module, part="first", gamma=gamma),
-                     FoundBlock(block, context, "add", neutral={mixer.module: _zeros(mixer.output)}, part="second",
-                                gamma=gamma)]
+            parts = [FoundBlock(block, context, "add", end=again.module, gamma=gamma),
+                     FoundBlock(block, context, "add", neutral={mixer.module: _zeros(mixer.output)}, gamma=gamma)]
     elif kind == "post_ln" and direct:
         first_end = ending(direct[0])
         if first_end is not None and _is_layer_norm(first_end) and first_end is not end:  # BERT: attention
-            parts = [FoundBlock(block, context, "post_ln", end=first_end, part="first"),
+            parts = [FoundBlock(block, context, "post_ln", end=first_end),
                      FoundBlock(block, context, "post_ln", end=end, neutral={direct[0].module:
-                                _passing(direct[0].output)}, part="second")]
+                                _passing(direct[0].output)})]
     expected = call.y_value.double()
     if parts is not None and _agrees(parts, call.x_value, expected):
         return parts
@@ -429,8 +429,8 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
                 raise ModelConfigError(f"residual_stack: the blocks found ({type(first.module).__name__}) are given "
                                        f"different arguments besides the state ({names.get(id(call.module))}); "
                                        f"declare the stack by hand")
-        context = _Context(tuple(_sanitise(a) for a in first.args),
-                           {k: False if k == "use_cache" else _sanitise(v) for k, v in first.kwargs.items()}, where)
+        context = _Context(where)
+        context.keep(first.args, first.kwargs)
         sublayers = [sub for call in chain for sub in _sublayers(call, calls, context, gamma)]
         ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
         before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
