@@ -416,3 +416,19 @@ def test_the_command_line_says_why_no_residual_stack_was_found(tmp_path, capsys)
     assert code == 2 and len(err) == 1
     assert "trainer 'highway' needs a residual stack or recurrent layers, and none was found in Net" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_compare_takes_each_trainers_options_with_its_name(tmp_path, capsys):
+    from trainers.cli import compare_main
+    from trainers.cli.args import trainer_runs
+
+    assert trainer_runs("backprop, highway:k=1,highway:k=4:tol=0.01") == {
+        "backprop": ("backprop", {}), "highway-k1": ("highway", {"k": 1}),
+        "highway-k4-tol0.01": ("highway", {"k": 4, "tol": 0.01})}
+    for text in ("highway:k=1,highway:k=1", ","):
+        with pytest.raises(trainers.ConfigError, match="must list each trainer once"):
+            trainer_runs(text)
+    code = compare_main(["--trainers", "backprop,highway:kk=1", "--model", "residual_mlp", "--depth", "2",
+                         "--steps", "1", "--seeds", "0", "--logdir", str(tmp_path / "runs"), "--progress", "false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "kk" in err[0] and not (tmp_path / "runs").exists()

@@ -371,9 +371,12 @@ def test_the_python_api_raises_the_projects_named_errors():
         trainers.Trainer(lambda x: x, trainers.build_engine("backprop"), task)
     residual = models.build("residual_mlp", in_features=8, out_features=3, depth=2, width=8)
     x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
-    for name in ("foton", "fa", "pepita"):  # each engine checks a model it has not seen before computing
+    for name in ("foton", "pepita"):  # each engine checks a model it has not seen before computing
         with pytest.raises(IncompatibleModelError, match=name):
             trainers.build_engine(name).compute_grads(residual, x, y, cross_entropy_loss)
+    with pytest.raises(IncompatibleModelError, match="fa"):  # FA takes any model with a trained weight layer
+        trainers.build_engine("fa").compute_grads(torch.nn.Embedding(8, 3), torch.tensor([1, 2]),
+                                                  torch.tensor([0, 1]), cross_entropy_loss)
     with pytest.raises(ModelConfigError, match="width must be an integer or a list of integers, got 'abc'"):
         models.build("mlp", in_features=8, out_features=3, width="abc")
     with pytest.raises(ModelConfigError, match="out of memory"):

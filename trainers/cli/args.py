@@ -389,7 +389,7 @@ def trainer_runs(text: str) -> dict[str, tuple[str, dict]]:
             raise ConfigError(f"--trainers must list each trainer once, got {text!r}")
         runs[name] = (trainer.strip(), values)
     if not runs:
-        raise ConfigError(f"--trainers lists no trainer, got {text!r}")
+        raise ConfigError(f"--trainers must list each trainer once, got {text!r}")
     return runs
 
 
