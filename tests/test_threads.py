@@ -1,4 +1,4 @@
-"""Thread count per process (trainers/run/threads.py): the auto rule, its inputs, precedence, the flag."""
+"""Thread count per process (trainers/core/threads.py): the auto rule, its inputs, precedence, the flag."""
 
 import json
 import subprocess
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trainers.cli import bench_main, train_main
+from trainers.core import threads
 from trainers.core.errors import ConfigError
-from trainers.run import threads
 
 
 @pytest.fixture
@@ -87,3 +87,57 @@ def test_commands_take_the_flag_and_bench_records_it(tmp_path, capsys, restore_t
     record = json.loads((out / "bench.json").read_text())
     assert record["threads"] == {"count": 1, "reason": "--threads"} and torch.get_num_threads() == 1
     assert "Threads: 1 (--threads)" in (out / "bench.md").read_text()
+
+
+API_RUN = """
+import sys, torch
+sys.path[:0] = [{root!r}]
+import models, tasks, trainers
+task = tasks.build("teacher", in_features=8, num_classes=3, n_train=64, n_val=16, n_test=16, hidden=8)
+model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
+{before}
+trainers.Trainer(model, trainers.build_engine("backprop"), task, progress=False, batch_size=16).fit(steps=3)
+trainers.build_engine("fa").compute_grads(model, task.train.inputs[:4], task.train.targets[:4], task.loss_fn)
+print(torch.get_num_threads())
+"""
+
+
+def api_run(before: str = "", busy: bool = False, **env) -> tuple[int, list[str]]:
+    """The Python API in a fresh process whose environment fixes no thread count (the suite's does), beside a
+    spinning child that has said it spins, when ``busy``: (torch's threads after, the stderr lines)."""
+    import os
+    from pathlib import Path
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", threads.THREADS_ENV)}
+    environ.update(env)
+    child = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
+                             stdout=subprocess.PIPE, text=True) if busy else None
+    try:
+        if child is not None:
+            assert child.stdout.readline().strip() == "ready"  # spinning before the probe starts
+        root = str(Path(__file__).resolve().parents[1])
+        done = subprocess.run([sys.executable, "-c", API_RUN.format(root=root, before=before)], env=environ,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1]), [line for line in done.stderr.splitlines() if "CPU thread" in line]
+
+
+def test_the_python_api_chooses_threads_as_the_command_line_and_says_it_once():
+    count, said = api_run(busy=True)
+    cores = threads.usable_cores()
+    assert len(said) == 1 and "auto: " in said[0] and "trainers.set_threads(N)" in said[0]
+    assert count == max(1, cores - 1)  # the spinning child's core is left to it
+
+
+@pytest.mark.parametrize("before, env, expected", [
+    ("trainers.set_threads(1)", {}, 1),
+    ("", {threads.THREADS_ENV: "1"}, 1),
+    ("", {"OMP_NUM_THREADS": "1"}, 1),
+])
+def test_a_choice_made_before_the_api_is_kept_without_a_word(before, env, expected):
+    count, said = api_run(before, **env)
+    assert count == expected and said == []

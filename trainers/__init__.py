@@ -18,6 +18,7 @@ from trainers.core.errors import (
     TaskConfigError,
 )
 from trainers.core.registry import available, build_engine, engine_class, register_engine
+from trainers.core.threads import set_threads
 from trainers.run.agreement import compare_grads, gradient_agreement
 from trainers.run.config import TrainConfig
 from trainers.run.trainer import Trainer
@@ -40,6 +41,7 @@ __all__ = [
     "engine_class",
     "gradient_agreement",
     "register_engine",
+    "set_threads",
     "trainable_parameters",
     "write_grads",
 ]

@@ -19,8 +19,8 @@ from models.retraction import CayleyRetraction
 from trainers.core.options import parse_key_values
 from trainers.core.protocols import recurrent_forwards
 from trainers.core.registry import build_engine
+from trainers.core.threads import last_choice
 from trainers.engines.backprop import Backprop
-from trainers.run.threads import last_choice
 
 __all__ = ["LoopBPTT", "classification_batch", "machine_description", "progress_line", "SuiteProgress",
            "backprop_first", "sync", "peak_step_memory_mb", "batch_stream", "training_step", "time_round_robin",

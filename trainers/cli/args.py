@@ -21,12 +21,12 @@ from trainers.core.errors import (
 from trainers.core.options import add_arguments, options_from_args, parse_key_values, parse_options
 from trainers.core.registry import available, build_engine, engine_class
 from trainers.core.rng import seed_everything
+from trainers.core.threads import THREADS_ENV
 from trainers.experiments.compare import compatible
 from trainers.experiments.recipes import recipe_for
 from trainers.run.config import TrainConfig
 from trainers.run.memory import check_fits
 from trainers.run.rundir import note
-from trainers.run.threads import THREADS_ENV
 
 __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_threads_flag", "add_settings_flag",
            "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs", "mlp_trainers", "join_job",
@@ -156,7 +156,7 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
 
 
 def add_threads_flag(parser) -> None:
-    """``--threads N|auto`` (``trainers.run.threads``)."""
+    """``--threads N|auto`` (``trainers.core.threads``)."""
     parser.add_argument("--threads", default=None, metavar="N|auto",
                         help=f"CPU threads of this process (default: {THREADS_ENV} if set, else OMP_NUM_THREADS, "
                              "else auto: the cores no other process keeps busy at start, at least 1)")

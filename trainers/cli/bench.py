@@ -13,7 +13,7 @@ from trainers.core.distributed import check_device
 from trainers.core.errors import (
     ConfigError,
 )
-from trainers.run.threads import set_threads
+from trainers.core.threads import set_threads
 
 __all__ = ["bench_main"]
 

@@ -20,11 +20,11 @@ from trainers.core.errors import (
     NonFiniteLossError,
 )
 from trainers.core.options import options_from_args
+from trainers.core.threads import set_threads
 from trainers.experiments.budget import BUDGETS, reference_trainer
 from trainers.experiments.compare import run_comparison
 from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 from trainers.run.config import TrainConfig
-from trainers.run.threads import set_threads
 
 __all__ = ["compare_main", "DEFAULT_COMPARISON"]
 

@@ -14,10 +14,10 @@ from trainers.cli.args import (
 from trainers.cli.process import run_cli
 from trainers.core.options import options_from_args
 from trainers.core.registry import available
+from trainers.core.threads import set_threads
 from trainers.run.config import TrainConfig
 from trainers.run.hparams import write_experiment_config
 from trainers.run.rundir import note
-from trainers.run.threads import set_threads
 from trainers.run.trainer import Trainer
 
 __all__ = ["train_main"]

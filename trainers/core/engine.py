@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from trainers.core.options import as_dict, parse_options
+from trainers.core.threads import threads_for_api
 
 __all__ = ["GradientEngine", "StepOutput", "LossFn", "trainable_parameters", "write_grads"]
 
@@ -62,11 +63,13 @@ def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | N
 
 def _checked_first(compute_grads):
     """``compute_grads`` that runs ``self.check(model)`` the first time it sees ``model`` (an engine given a model
-    it cannot train says so in one line, instead of failing inside its arithmetic)."""
+    it cannot train says so in one line, instead of failing inside its arithmetic), and chooses the process's
+    CPU threads on its first step, as the command line does (``trainers.core.threads.threads_for_api``)."""
     @functools.wraps(compute_grads)
     def wrapper(self, model, *args, **kwargs):
         checked = self.__dict__.setdefault("_checked_models", weakref.WeakSet())
         if model not in checked:
+            threads_for_api()
             self.check(model)
             checked.add(model)
         return compute_grads(self, model, *args, **kwargs)

@@ -17,7 +17,7 @@ import time
 
 from trainers.bench import machine_description, peak_step_memory_mb, time_round_robin
 from trainers.core.errors import NonFiniteLossError
-from trainers.run.threads import last_choice
+from trainers.core.threads import last_choice
 from trainers.run.trainer import Trainer
 
 __all__ = ["time_steps", "ROUNDS", "WARMUP"]

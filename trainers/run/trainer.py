@@ -44,6 +44,7 @@ from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError, RunWriteError, spell
 from trainers.core.options import as_dict, parse_options
 from trainers.core.rng import rng_state
+from trainers.core.threads import threads_for_api
 from trainers.run import lifecycle
 from trainers.run.config import SHARED_SETTINGS, TrainConfig
 from trainers.run.model_check import check_task_model, to_device
@@ -107,6 +108,7 @@ class Trainer:
                                         ("task", task, Task, "a tasks.Task (tasks.build)")):
             if not isinstance(value, kind):
                 raise ConfigError(f"Trainer's {name} must be {how}, got {type(value).__name__} {value!r:.60}")
+        threads_for_api()  # as the command line does, unless this process chose already (trainers.set_threads)
         cfg = config or TrainConfig()
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})

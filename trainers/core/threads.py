@@ -22,11 +22,20 @@ there is no ``/proc``); at least one. A machine idle at start and loaded later k
 its count: say ``--threads 1`` there. An explicit count wins: ``--threads N``, else
 ``GRADENGINES_THREADS=N``, else ``OMP_NUM_THREADS=N`` (which torch itself reads).
 The test suite runs with one thread per process (``tests/conftest.py``).
+
+The Python API chooses as the command line does (``threads_for_api``): the first
+``Trainer``, engine step (``compute_grads``) or ``gradient_agreement`` of a process
+applies the same choice, unless the process already chose with
+``trainers.set_threads(N)``, and says once on stderr what it chose when ``auto``
+decided. ``GRADENGINES_THREADS`` and ``OMP_NUM_THREADS`` count as the user's choice;
+a call of ``torch.set_num_threads`` does not (torch cannot tell it from its own
+default): call ``trainers.set_threads(N)`` instead.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import NamedTuple
 
@@ -35,7 +44,7 @@ import torch
 from trainers.core.errors import ConfigError
 
 __all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "usable_cores", "busy_cores_elsewhere",
-           "choose_threads", "set_threads", "last_choice"]
+           "choose_threads", "set_threads", "last_choice", "threads_for_api"]
 
 THREADS_ENV = "GRADENGINES_THREADS"
 PROBE_SECONDS = 0.1
@@ -153,6 +162,17 @@ def set_threads(requested: str | int | None = None) -> ThreadChoice:
     torch.set_num_threads(choice.count)
     _CHOSEN[:] = [choice]
     return choice
+
+
+def threads_for_api() -> None:
+    """The first call in a process applies ``set_threads()`` (the environment, then ``auto``) unless the process
+    chose already; an ``auto`` choice is said once on stderr (module docstring)."""
+    if _CHOSEN:
+        return
+    choice = set_threads(None)
+    if choice.reason.startswith("auto"):
+        sys.stderr.write(f"note: {choice.count} CPU thread{'s' if choice.count > 1 else ''} ({choice.reason}); "
+                         f"choose with trainers.set_threads(N) or {THREADS_ENV}=N\n")
 
 
 def last_choice() -> ThreadChoice:
