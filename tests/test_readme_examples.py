@@ -157,13 +157,12 @@ def test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_i
     import sys
     import types
 
-    words = "the cat sat on a mat ran".split()
-    gen = torch.Generator().manual_seed(0)
-    for name, lines in (("ptb.train.txt", 200), ("ptb.valid.txt", 30), ("ptb.test.txt", 30)):
-        ids = torch.randint(0, len(words), (lines, 8), generator=gen).tolist()
-        (tmp_path / name).write_text("".join(" ".join(words[i] for i in line) + "\n" for line in ids))
-    monkeypatch.setitem(sys.modules, "model", types.SimpleNamespace(GPT=GPT, GPTConfig=GPTConfig, RNNModel=RNNModel))
-    code = example("import models, tasks, trainers\nfrom model import").replace("../shared/data/ptb", str(tmp_path))
+    from helpers import write_tiny_ptb
+
+    write_tiny_ptb(tmp_path, lines=(200, 30, 30), words_per_line=8)
+    monkeypatch.setitem(sys.modules, "nanogpt", types.SimpleNamespace(GPT=GPT, GPTConfig=GPTConfig))
+    monkeypatch.setitem(sys.modules, "rnn_model", types.SimpleNamespace(RNNModel=RNNModel))
+    code = example("import models, tasks, trainers\nfrom nanogpt import").replace("../shared/data/ptb", str(tmp_path))
     torch.manual_seed(0)
     scope: dict = {}
     exec(code, scope)  # noqa: S102 - the README's example
