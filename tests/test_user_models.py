@@ -161,7 +161,7 @@ def test_the_installed_package_runs_its_console_commands_from_another_directory(
 
     root = Path(__file__).resolve().parents[1]
     source = tmp_path / "source"  # pip builds in the tree it is given: a copy keeps the checkout clean
-    shutil.copytree(root, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "bench_out", "build", "docs",
+    shutil.copytree(root, source, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "bench_out", "build", "docs",
                                                                 "*.egg-info", "__pycache__", ".*_cache", "tests"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
