@@ -87,6 +87,20 @@ def test_commands_take_the_flag_and_bench_records_it(tmp_path, capsys, restore_t
     record = json.loads((out / "bench.json").read_text())
     assert record["threads"] == {"count": 1, "reason": "--threads"} and torch.get_num_threads() == 1
     assert "Threads: 1 (--threads)" in (out / "bench.md").read_text()
+    assert train_main(["--threads", "1", "--logdir", str(tmp_path / "runs"), "--steps", "1", "--progress", "false",
+                       "--experiment", "e"]) == 0
+    record = json.loads((tmp_path / "runs" / "e" / "backprop" / "seed0" / "result.json").read_text())
+    assert record["threads"] == {"count": 1, "reason": "--threads"}  # the run says what it ran with
+
+
+def test_more_threads_than_cores_are_taken_with_a_note(monkeypatch, capsys, restore_threads):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    assert threads.set_threads("3").count == 3 and torch.get_num_threads() == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["note: 3 CPU threads asked (--threads) where this process may use 2 cores: threads beyond the "
+                   "cores wait for each other (README: On a busy machine); --threads 2 uses them all"]
+    threads.set_threads("2")
+    assert capsys.readouterr().err == ""
 
 
 API_RUN = """

@@ -159,6 +159,11 @@ def set_threads(requested: str | int | None = None) -> ThreadChoice:
             choice = ThreadChoice(choose_threads(cores, busy, ranks),
                                   f"auto: {cores} usable cores, {busy:.1f} busy elsewhere"
                                   + (f", {ranks} ranks on this machine" if ranks > 1 else ""))
+    cores = usable_cores()
+    if choice.count > cores:  # accepted (a user may know better), but never silently
+        sys.stderr.write(f"note: {choice.count} CPU threads asked ({choice.reason}) where this process may use "
+                         f"{cores} core{'s' if cores > 1 else ''}: threads beyond the cores wait for each other "
+                         f"(README: On a busy machine); --threads {cores} uses them all\n")
     torch.set_num_threads(choice.count)
     _CHOSEN[:] = [choice]
     return choice

@@ -24,6 +24,7 @@ from trainers.core.errors import (
 )
 from trainers.core.options import as_dict
 from trainers.core.rng import seed_everything, set_rng_state
+from trainers.core.threads import last_choice
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.hparams import session_hparams, session_metrics
 from trainers.run.logger import RunLogger, read_metrics
@@ -153,7 +154,8 @@ def write_result(trainer, report: dict, logger: RunLogger | None) -> None:
               "metric": trainer.task.metric_name, "engine": trainer.engine.hparams(), "config": as_dict(cfg),
               "world_size": trainer.parallel.world_size, "global_batch": trainer.global_batch,
               "model": trainer.meta, "settings": trainer.settings, "resume_changes": trainer.changes,
-              "samples": where["samples"], "epochs": where["epoch"], "log_axis": cfg.log_axis}
+              "samples": where["samples"], "epochs": where["epoch"], "log_axis": cfg.log_axis,
+              "threads": last_choice()._asdict()}
     if trainer.timing is not None:
         record["timing"] = {**trainer.timing, "compute_ms": where["compute_ms"]}
     # the HParams session: hparam values and summary numbers (also kept in result.json)
