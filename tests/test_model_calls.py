@@ -499,3 +499,12 @@ def test_a_resume_under_another_declared_call_is_refused_in_one_line(model_file,
     err = capsys.readouterr().err
     assert "its checkpoint is of another model (call 'loss=model' there, None here)" in err and err.count("\n") == 1
     assert train_main([*flags, "--steps", "3", "--resume", "--model-call", "loss=model"]) == 0
+
+
+def test_a_required_targets_keyword_among_several_is_not_read_as_a_state():
+    class Required(nn.Module):
+        def forward(self, tokens, labels, shift_labels=None):
+            return tokens.float()
+
+    model = models.declare_call(Required(), targets="labels+shift_labels")
+    assert models.adapters.calling.describe(model) == "model(inputs, labels=targets, shift_labels=targets)"

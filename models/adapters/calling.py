@@ -158,7 +158,7 @@ def _plan(model: nn.Module) -> _Plan:
                                    f"targets (its parameters: {', '.join(p.name for p in params) or 'the input only'})")
     state = call.state
     if state == "auto":
-        required = [p for p in params if p.default is p.empty and p.name != targets
+        required = [p for p in params if p.default is p.empty and p.name not in targets.split("+")
                     and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         state = ("init_hidden" if callable(getattr(model, "init_hidden", None)) else "none") if required else "no"
     elif state not in ("none", "no") and not callable(getattr(model, state, None)):
@@ -316,7 +316,8 @@ def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tens
             raise ModelConfigError(f"model call: loss=model, but the task's loss, which it must equal, cannot be "
                                    f"computed on these targets to compare ({one_line(err)})") from None
         task_grad = torch.autograd.grad(task, probe)[0] if task.requires_grad else None
-    gap = abs(float(own.detach()) - float(task.detach())) / max(abs(float(task.detach())), 1e-12)
+    mine, theirs = float(own.detach()), float(task.detach())
+    gap = abs(mine - theirs) / max(abs(theirs), 1e-12)
     tolerance = max(VALUE_RTOL, 16 * torch.finfo(outputs.dtype).eps) if outputs.is_floating_point() else VALUE_RTOL
     grad_gap = None
     if own.requires_grad and outputs.requires_grad and task_grad is not None:
@@ -326,7 +327,6 @@ def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tens
     if gap <= tolerance and (grad_gap is None or grad_gap <= max(GRADIENT_RTOL, tolerance)):
         return
     apart = f"; its gradient at the outputs {grad_gap:.2g} relative apart" if grad_gap is not None else ""
-    mine, theirs = float(own.detach()), float(task.detach())
     raise ModelConfigError(
         f"model call: loss=model, but the model's own loss {mine:.8g} is not the task's loss {theirs:.8g} "
         f"of its outputs on the first batch (relative difference {gap:.2g}{apart}); the likely cause: a causal LM "

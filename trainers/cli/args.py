@@ -121,9 +121,10 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
                         help="how your model is called and read, where the defaults do not fit (repeatable): "
                              "output=INDEX|KEY|ATTRIBUTE (default: the tensor, a tuple's first element, a dict's "
                              "or object's logits), state=none|no|METHOD (default: model.init_hidden(B) when "
-                             "forward requires a second argument), targets=no|KEYWORD (default: a parameter named "
-                             "targets or labels), layout=batch_first|time_first, loss=task|model (the model's "
-                             "own loss where an engine needs only a loss); models/adapters/calling.py")
+                             "forward requires a second argument), targets=no|KEYWORD[+KEYWORD] (default: a "
+                             "parameter named targets, target or y; labels too with loss=model), "
+                             "layout=batch_first|time_first, loss=task|model (the model's own loss where an engine "
+                             "needs only a loss); models/adapters/calling.py")
     parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
@@ -297,7 +298,7 @@ def residual_structure(model, task):
     if compatible("highway", model):
         return model
     try:
-        stack = models.residual_stack(model, example=(task.train.inputs[:2], task.train.targets[:2]))
+        stack = models.residual_stack(model, example=_example(task))
     except models.ModelConfigError as err:
         raise ConfigError(f"trainer 'highway' needs a residual stack or recurrent layers, and none was found in "
                           f"{type(model).__name__}: {err}") from None
@@ -310,13 +311,18 @@ def residual_structure(model, task):
 _SAID: set[str] = set()
 
 
+def _example(task) -> tuple:
+    """Two training samples, the run a residual stack is found from."""
+    return task.train.inputs[:2], task.train.targets[:2]
+
+
 def trainers_for(model, task) -> list[str]:
     """The trainers ``model``'s structure allows, Highway-BP included where a residual stack is found in it."""
     names = []
     for name in available():
         if name == "highway" and not compatible(name, model):
             try:
-                models.residual_stack(model, example=(task.train.inputs[:2], task.train.targets[:2]))
+                models.residual_stack(model, example=_example(task))
             except models.ModelConfigError:
                 continue
             names.append(name)
