@@ -9,8 +9,8 @@ import pytest
 from trainers.cli import DEFAULT_COMPARISON, compare_main, train_main
 from trainers.core.options import parse_options
 from trainers.core.registry import engine_class
-from trainers.experiments.compare import failure_notes, settings_table
 from trainers.experiments.recipes import RECIPES, recipe_for
+from trainers.experiments.summary import failure_notes, settings_table
 from trainers.run.config import TrainConfig
 
 QUICK = ["--steps", "4", "--eval-every", "2", "--seeds", "0", "--grad-agreement-every", "0", "--progress", "false"]

@@ -6,8 +6,16 @@ import math
 
 import pytest
 
-from trainers.experiments.stats import Paired, paired_test, summarize, t_cdf, t_quantile
-from trainers.experiments.verdict import default_target, is_exact, time_to_target, verdict_line
+from trainers.experiments.stats import Paired, holm, paired_test, summarize, t_cdf, t_quantile
+from trainers.experiments.verdict import (
+    Units,
+    default_target,
+    family_p,
+    is_exact,
+    time_to_target,
+    verdict_line,
+    verdict_word,
+)
 
 
 @pytest.mark.parametrize("df, t975", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])
@@ -45,23 +53,54 @@ def test_paired_t_test_by_hand():
     assert paired_test({0: 0.9, 1: 0.8}, {0: 0.8, 1: 0.7}).t is None  # every difference the same: no t
 
 
-def paired(difference, low, high, n=3):
-    return Paired(n, difference, low, high, 5.0, 0.01)
+def paired(difference, low, high, p, n=3):
+    return Paired(n, difference, low, high, 5.0, p)
 
 
 def test_verdicts_for_a_win_a_loss_noise_one_seed_and_an_exact_engine():
-    win = verdict_line("fa", "backprop", paired(0.05, 0.01, 0.09), "accuracy", True)
-    loss = verdict_line("dfa", "backprop", paired(-0.05, -0.09, -0.01), "accuracy", True)
-    noise = verdict_line("pepita", "backprop", paired(0.01, -0.02, 0.04), "accuracy", True)
+    win = verdict_line("fa", "backprop", paired(0.05, 0.01, 0.09, 0.01), "accuracy", True)
+    loss = verdict_line("dfa", "backprop", paired(-0.05, -0.09, -0.01, 0.01), "accuracy", True)
+    noise = verdict_line("pepita", "backprop", paired(0.01, -0.02, 0.04, 0.3), "accuracy", True)
     assert "ahead of backprop" in win and "+0.0500" in win and "n = 3 seeds" in win
     assert "behind backprop" in loss and "-0.0500" in loss
     assert "within noise of backprop" in noise and "includes 0" in noise
     # lower is better (perplexity): a negative difference is ahead
-    assert "ahead of" in verdict_line("dsf", "backprop", paired(-3.0, -5.0, -1.0), "perplexity", False)
+    assert "ahead of" in verdict_line("dsf", "backprop", paired(-3.0, -5.0, -1.0, 0.01), "perplexity", False)
     one = verdict_line("foton", "backprop", Paired(1, 0.02, None, None, None, None), "accuracy", True)
     assert "one seed" in one and "no uncertainty" in one
-    exact = verdict_line("highway", "backprop", paired(0.0, 0.0, 0.0), "accuracy", True, exact=True)
+    exact = verdict_line("highway", "backprop", paired(0.0, 0.0, 0.0, 1.0), "accuracy", True, exact=True)
     assert "exact" in exact and "not a tie by chance" in exact
+
+
+def test_holm_adjusts_by_hand():
+    """p = (0.01, 0.04, 0.03): sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> running max 0.06."""
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002]) and holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+    assert holm([]) == [] and holm([0.7]) == [0.7]
+
+
+def test_a_difference_that_does_not_survive_the_correction_is_within_noise():
+    """A raw p of 0.03 with its interval excluding 0 is a word alone, and within noise among 8 comparisons."""
+    alone = paired(0.05, 0.01, 0.09, 0.03)
+    assert verdict_word(alone, None, True) == "ahead" and verdict_word(alone, 0.03 * 8, True) == "within noise"
+    line = verdict_line("fa", "backprop", alone, "validation accuracy", True, adjusted=0.24, family=8)
+    assert "within noise of backprop" in line and "not after the correction for 8 comparisons" in line
+    assert "Holm-adjusted p = 0.24 over 8 comparisons" in line
+    # a word the step timing's spread would change is within noise, the margin said
+    timing = verdict_line("fa", "backprop", alone, "accuracy", True, adjusted=0.01, family=2, holds=False,
+                          margin="the word would change within the timing's spread")
+    assert "within noise" in timing and timing.endswith("the word would change within the timing's spread).")
+    # the same difference on every seed is certain; no difference at all is not
+    assert family_p(Paired(3, 0.01, 0.01, 0.01, None, None)) == 0.0
+    assert family_p(Paired(3, 0.0, 0.0, 0.0, None, None)) == 1.0 and family_p(Paired(1, 0.1, *[None] * 4)) is None
+
+
+def test_effect_sizes_in_what_a_reader_counts():
+    units = Units(359, "examples", "test")
+    assert units.count_text(0.0074) == "+2.7 of 359 test examples" and units.describe() == "359 test examples"
+    line = verdict_line("foton", "backprop", paired(0.0074, 0.0034, 0.0114, 0.015), "test accuracy", True,
+                        units=units)
+    assert "+0.0074 test accuracy, +2.7 of 359 test examples per seed (95% CI" in line
 
 
 def test_time_to_target_on_a_synthetic_curve():

@@ -7,6 +7,11 @@ beta function, I_x(a, b) by Lentz's continued fraction, and its quantile by bise
     t-test on the paired differences d_i = x_i - ref_i (same seed i), n = number of pairs:
     t = mean(d) / (sd(d) / sqrt(n)),  df = n - 1,  p = 2 P(T_df > |t|)
     95% CI of the mean difference: mean(d) +- t_{0.975, df} sd(d) / sqrt(n)
+
+Several comparisons in one summary are one family: Holm's step-down method (Holm 1979) adjusts their
+p-values so that the chance of any false "ahead" or "behind" among them stays at most 1 - CONFIDENCE:
+
+    p_(1) <= ... <= p_(m) sorted,  adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import math
 import statistics
 from typing import NamedTuple
 
-__all__ = ["Summary", "Paired", "summarize", "paired_test", "t_cdf", "t_quantile", "CONFIDENCE"]
+__all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "t_cdf", "t_quantile", "CONFIDENCE"]
 
 CONFIDENCE = 0.95
 
@@ -130,3 +135,15 @@ def paired_test(x: dict[int, float], reference: dict[int, float]) -> Paired | No
     t = mean / se
     half = t_quantile(0.5 + CONFIDENCE / 2, df) * se
     return Paired(len(d), mean, mean - half, mean + half, t, 2.0 * (1.0 - t_cdf(abs(t), df)))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-adjusted p-values of one family, in the given order (module docstring): a comparison's difference
+    is established at level a exactly when its adjusted p is below a."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted = [0.0] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
