@@ -119,7 +119,7 @@ def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, c
         acc.Reload()
         tags = set(acc.Tags()["scalars"])
         expected = {"train/loss", "eval/loss", "eval/accuracy", "grad/cosine_global", "time/step_ms",
-                    "time/samples_per_s", "memory/peak_mb", "engine/orthogonality_error",
+                    "time/samples_per_s", "memory/process_peak_mb", "engine/orthogonality_error",
                     "grad/cosine/layers.0.weight", "grad/rel_error/layers.3.bias", "test/accuracy"}
         assert expected <= tags, expected - tags
         cos = [e.value for e in acc.Scalars("grad/cosine_global")]

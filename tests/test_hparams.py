@@ -25,7 +25,7 @@ FLAGS = ["--task", "digits", "--model", "mlp", "--orthogonal", "bjorck", "--dept
          "--steps", "3", "--grad-agreement-every", "2", "--seeds", "0,1", "--progress", "false", "--experiment", "exp"]
 RUNS = {"backprop": "backprop", "foton": "foton", "foton-T2": "foton", "pepita": "pepita"}  # run -> trainer
 SESSIONS = sorted(f"{run}/seed{seed}" for run in RUNS for seed in (0, 1))
-METRICS = ["best_val_accuracy", "final_val_accuracy", "test_accuracy", "step_ms", "grad_cosine"]
+METRICS = ["best_val_accuracy", "final_val_accuracy", "test_accuracy", "timed_step_ms", "step_ms", "grad_cosine"]
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
 
 
@@ -130,10 +130,11 @@ def test_result_summary(experiment):
         assert record["summary"]["best_val_accuracy"] == record["best_val"]["accuracy"]
         assert record["summary"]["final_val_accuracy"] == record["final_val"]["accuracy"]
         assert record["summary"]["test_accuracy"] == record["test"]["accuracy"]
-        # the comparison's round-robin timing, not the run's own clock
-        assert record["summary"]["step_ms"] == record["timing"]["step_ms"] > 0
+        # two clocks, each named: the comparison's round-robin timing (what compute times use) and the run's own
+        assert record["summary"]["timed_step_ms"] == record["timing"]["step_ms"] > 0
         assert record["timing"]["compute_ms"] == pytest.approx(record["steps"] * record["timing"]["step_ms"])
-        assert history and statistics.median(r["time/step_ms"] for r in history if "time/step_ms" in r) > 0
+        assert record["summary"]["step_ms"] == statistics.median(r["time/step_ms"] for r in history
+                                                                 if "time/step_ms" in r) > 0
         assert record["summary"]["grad_cosine"] == statistics.mean(
             r["grad/cosine_global"] for r in history if "grad/cosine_global" in r)
 

@@ -47,7 +47,8 @@ def metric_display_names(metric: str) -> dict[str, str]:
     return {f"best_val_{metric}": f"best val {metric}",
             f"final_val_{metric}": f"final val {metric}",
             f"test_{metric}": f"test {metric} (best val model)",
-            "step_ms": "median step (ms)",
+            "timed_step_ms": "step ms (timed round-robin)",
+            "step_ms": "step ms (the run's own clock, median)",
             "grad_cosine": "mean grad cosine vs backprop"}
 
 
@@ -55,14 +56,15 @@ def session_metrics(report: dict, metric: str, history: list[dict], timed_step_m
                     ) -> dict[str, float]:
     """A run's summary numbers (keys of ``metric_display_names``) from its final report and
     logged records; each only where the run has it (no test for a tuning trial, no
-    ``grad_cosine`` without ``grad/cosine_global``). ``timed_step_ms``: the comparison's round-robin
-    timing of this trainer's step (``trainers.experiments.step_timing``), used instead of the run's own clock,
-    which a busy machine distorts."""
-    step_ms = [timed_step_ms] if timed_step_ms is not None else \
-        [float(r["time/step_ms"]) for r in history if "time/step_ms" in r]
+    ``grad_cosine`` without ``grad/cosine_global``). ``step_ms``: the median of the run's own clock, which a
+    busy machine distorts; ``timed_step_ms``: the comparison's round-robin timing of this trainer's step
+    (``trainers.experiments.step_timing``), the one its compute times use."""
+    step_ms = [float(r["time/step_ms"]) for r in history if "time/step_ms" in r]
     cosine = [float(r["grad/cosine_global"]) for r in history if "grad/cosine_global" in r]
     values = {f"{split}_{metric}": report[split][metric]
               for split in ("best_val", "final_val", "test") if report[split]}
+    if timed_step_ms is not None:
+        values["timed_step_ms"] = timed_step_ms
     if step_ms:
         values["step_ms"] = statistics.median(step_ms)
     if cosine:

@@ -38,6 +38,7 @@ class StepResult:
 
 
 def peak_memory_mb(device: torch.device) -> float:
+    """The process's peak memory so far in MiB: resident set on the CPU, allocated memory on a CUDA device."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -93,7 +94,7 @@ class TrainStep:
         scalars = {
             "train/loss": result.loss, "train/lr": result.lr,
             "time/step_ms": 1e3 * result.seconds, "time/samples_per_s": result.samples / result.seconds,
-            "memory/peak_mb": peak_memory_mb(self.device),
+            "memory/process_peak_mb": peak_memory_mb(self.device),
             **{f"engine/{k}": v for k, v in self.engine.metrics().items()},
         }
         if self.has_orthogonal:
