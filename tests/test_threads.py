@@ -24,12 +24,26 @@ def restore_threads():
     (2, 1.0, 1, 1),    # one busy process beside us on 2 cores
     (2, 1.9, 1, 1),    # fully loaded: still one thread
     (2, 0.3, 1, 2),    # background noise rounds away
+    (2, 0.7, 1, 2),    # a brief spike is not a busy core
+    (2, 0.8, 1, 1),
     (16, 3.2, 1, 13),
     (16, 0.0, 4, 4),   # four torchrun ranks share the machine
     (2, 0.0, 4, 1),    # more ranks than cores: one each
 ])
 def test_auto_rule_takes_the_cores_nobody_else_uses(cores, busy, ranks, expected):
     assert threads.choose_threads(cores, busy, ranks) == expected
+
+
+def test_a_spike_in_one_probe_does_not_take_a_thread(monkeypatch, restore_threads):
+    """auto reads the smaller of its probes: a burst seen by one (a compiler, a cron job) leaves both cores; a
+    process busy in both takes one."""
+    monkeypatch.delenv(threads.THREADS_ENV, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    for probes, expected in (([1.0, 0.0], 2), ([0.0, 1.0], 2), ([1.0, 0.95], 1)):
+        readings = iter(probes)
+        monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda window=0.1, r=readings: next(r))
+        assert threads.set_threads(None).count == expected, probes
 
 
 def test_proc_stat_and_cgroup_quota_are_read_as_documented():

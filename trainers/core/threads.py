@@ -17,10 +17,13 @@ for the core the other process holds. Measured on 2 cores (BENCHMARKS.md):
 So the rule, ``auto`` (the default of ``train``, ``compare`` and ``bench``): as many
 threads as there are cores this process may use (its CPU affinity and a cgroup CPU
 quota; shared by the ranks of a ``torchrun`` job on this machine) that no other process
-keeps busy, measured over 0.1 s from ``/proc/stat`` at start (``os.getloadavg`` where
-there is no ``/proc``); at least one. A machine idle at start and loaded later keeps
-its count: say ``--threads 1`` there. An explicit count wins: ``--threads N``, else
-``GRADENGINES_THREADS=N``, else ``OMP_NUM_THREADS=N`` (which torch itself reads).
+keeps busy, measured from ``/proc/stat`` at start (``os.getloadavg`` where there is no
+``/proc``); at least one. So that an idle machine gets the same answer every time, the
+load is the smaller of two 0.1 s probes (a brief spike lands in one of them; a busy
+process is in both) and a core counts as busy from ``BUSY_CORE`` (0.75) of a core on.
+A machine idle at start and loaded later keeps its count: say ``--threads 1`` there.
+An explicit count wins: ``--threads N``, else ``GRADENGINES_THREADS=N``, else
+``OMP_NUM_THREADS=N`` (which torch itself reads).
 The test suite runs with one thread per process (``tests/conftest.py``).
 
 The Python API chooses as the command line does (``threads_for_api``): the first
@@ -48,6 +51,8 @@ __all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "usable_cores", "busy
 
 THREADS_ENV = "GRADENGINES_THREADS"
 PROBE_SECONDS = 0.1
+PROBES = 2
+BUSY_CORE = 0.75  # load elsewhere from which a core counts as taken
 
 
 class ThreadChoice(NamedTuple):
@@ -132,10 +137,10 @@ def busy_cores_elsewhere(window: float = PROBE_SECONDS) -> float:
 
 
 def choose_threads(cores: int, busy_elsewhere: float, ranks_here: int = 1) -> int:
-    """The ``auto`` rule: cores no other process keeps busy (rounded), shared by the job's ranks on this
-    machine; at least 1."""
-    free = cores - busy_elsewhere
-    return max(1, int(free + 0.5) // max(1, ranks_here))
+    """The ``auto`` rule: cores no other process keeps busy (a core taken from ``BUSY_CORE`` of its load on),
+    shared by the job's ranks on this machine; at least 1."""
+    taken = int(busy_elsewhere + 1 - BUSY_CORE)
+    return max(1, (cores - taken) // max(1, ranks_here))
 
 
 def set_threads(requested: str | int | None = None) -> ThreadChoice:
@@ -155,7 +160,7 @@ def set_threads(requested: str | int | None = None) -> ThreadChoice:
             cores = usable_cores()
             ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
             # the ranks of a torchrun job start together: each would see the others as load, so they share cores
-            busy = 0.0 if ranks > 1 or cores == 1 else busy_cores_elsewhere()
+            busy = 0.0 if ranks > 1 or cores == 1 else min(busy_cores_elsewhere() for _ in range(PROBES))
             choice = ThreadChoice(choose_threads(cores, busy, ranks),
                                   f"auto: {cores} usable cores, {busy:.1f} busy elsewhere"
                                   + (f", {ranks} ranks on this machine" if ranks > 1 else ""))
