@@ -8,7 +8,8 @@
     trainers.experiments       many runs (comparisons, tuning, recipes, statistics)
     trainers.cli               the command line: nothing below imports it
 
-Every import in a file counts, also one inside a function."""
+Every import in a file counts, also one inside a function. Within a layer, imports go one way: no module
+imports itself through others (an import circle, even one closed by an import inside a function)."""
 
 import ast
 from pathlib import Path
@@ -67,6 +68,59 @@ def violations(root: Path = ROOT) -> list[str]:
     return found
 
 
+def module_name(path: Path, root: Path = ROOT) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+
+
+def module_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of this project it imports, anywhere in its file: ``from a.b import c`` names the
+    submodule ``a.b.c`` where there is one, else ``a.b``; relative imports are resolved. A package's
+    ``__init__`` run on the way to a submodule is not counted (Python imports it first, whoever asks)."""
+    files = {module_name(p, root): p for package in ("models", "tasks", "trainers")
+             for p in sorted((root / package).rglob("*.py"))}
+    graph = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        graph[module] = {m for m in found if m in files and m != module}
+    return graph
+
+
+def import_circles(root: Path = ROOT) -> list[list[str]]:
+    """Every set of modules that import one another round a circle (strongly connected), sorted."""
+    graph, order, low, stack, circles = module_imports(root), {}, {}, [], []
+
+    def visit(module):  # Tarjan's algorithm
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            circle = []
+            while not circle or circle[-1] != module:
+                circle.append(stack.pop())
+            if len(circle) > 1:
+                circles.append(sorted(circle))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(circles)
+
+
 def test_every_package_imports_only_the_layers_below_it():
     assert violations() == []
 
@@ -93,3 +147,24 @@ def test_an_upward_import_is_found(tmp_path, module, line, expected):
     path = tmp_path / module
     path.write_text(path.read_text() + f"\n{line}\n")
     assert violations(tmp_path) == [expected]
+
+
+def test_no_modules_import_each_other():
+    assert import_circles() == []
+
+
+@pytest.mark.parametrize("module, added, expected", [
+    ("trainers/run/checkpoint.py", "def added():\n    from trainers.run.rundir import RunDirectory\n",
+     ["trainers.run.checkpoint", "trainers.run.rundir"]),
+    ("trainers/run/notes.py", "from trainers.run import records\n", ["trainers.run.notes", "trainers.run.records"]),
+])
+def test_an_import_circle_is_found(tmp_path, module, added, expected):
+    """The check on a copy of the tree with one import added that closes a circle: inside a function, or of a
+    submodule by ``from package import``."""
+    import shutil
+
+    for package in ("models", "tasks", "trainers"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / module
+    path.write_text(path.read_text() + "\n\n" + added)
+    assert import_circles(tmp_path) == [expected]

@@ -29,12 +29,13 @@ import errno
 import fcntl
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from trainers.core.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
 from trainers.run.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, state_problem, write_text_atomic
+from trainers.run.notes import note  # re-exported: callers have said note from here since before notes.py
+from trainers.run.records import read_record
 
 __all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
 
@@ -48,12 +49,6 @@ FIXED = ("optimizer", "seed", "dtype", "schedule")
 CHANGEABLE = ("lr", "momentum", "nesterov", "weight_decay", "clip_grad_norm", "warmup_steps", "step_size", "gamma",
               "eval_every", "eval_batches")
 """Training options a resume may change from its step on, when asked explicitly (recorded)."""
-
-
-def note(message: str) -> None:
-    """A one-line note on stderr (what the run did instead of what was asked, and why)."""
-    sys.stderr.write(f"note: {message}\n")  # one write: lines of concurrent ranks never run together
-    sys.stderr.flush()
 
 
 def run_path(logdir, experiment: str, run_name: str, seed: int) -> Path:
@@ -130,8 +125,6 @@ class RunDirectory:
 
     def result(self) -> dict | None:
         """The finished run's ``result.json`` (None if it has not finished, or the file is damaged: noted)."""
-        from trainers.run.records import read_record  # records reads notes from here
-
         return read_record(self.path / RESULT) if (self.path / RESULT).exists() else None
 
     def open(self, *, resume: bool, overwrite: bool, total: int, identity: dict, config: dict, shapes: dict,
