@@ -4,6 +4,8 @@ from pathlib import Path
 
 import torch
 
+from trainers.engines.backprop import Backprop
+
 WORDS = tuple("the cat sat on a mat ran".split())  # + <unk>, <eos>: a vocabulary of 9 ids
 
 
@@ -14,3 +16,25 @@ def write_tiny_ptb(directory: Path, lines=(60, 12, 12), words_per_line: int = 6,
         ids = torch.randint(0, len(WORDS), (count, words_per_line), generator=gen).tolist()
         (directory / name).write_text("".join(" ".join(WORDS[i] for i in line) + "\n" for line in ids))
     return directory
+
+
+class FakeClock:
+    """Seconds that pass only when a test says so (``clock.now += s``)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class TimedBackprop(Backprop):
+    """Exact backprop whose every gradient computation takes ``seconds`` of ``clock``."""
+
+    def __init__(self, clock: FakeClock, seconds: float = 1.0):
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def compute_grads(self, *args):
+        self.clock.now += self.seconds
+        return super().compute_grads(*args)

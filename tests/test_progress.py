@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FakeClock, TimedBackprop
 
 import models
 import tasks
@@ -16,7 +17,6 @@ import trainers
 from trainers.cli import train_main
 from trainers.core.errors import ConfigError
 from trainers.core.options import parse_options
-from trainers.engines.backprop import Backprop
 from trainers.run.config import TrainConfig
 from trainers.run.logger import read_metrics
 from trainers.run.progress import Progress
@@ -28,28 +28,6 @@ STATUS = re.compile(r"^\[backprop seed 0\] step (\d+)/(\d+) \([\d.]+%\)  loss \d
 TEACHER = ["--task", "teacher", "--task-option", "in_features=8", "--task-option", "num_classes=4",
            "--task-option", "n_train=64", "--task-option", "n_val=32", "--task-option", "n_test=32",
            "--task-option", "hidden=8", "--depth", "2", "--width", "8", "--batch-size", "16"]
-
-
-class FakeClock:
-    """Seconds that pass only when a test says so."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-class TimedBackprop(Backprop):
-    """Exact backprop whose every step takes one second of ``clock``."""
-
-    def __init__(self, clock):
-        super().__init__()
-        self.clock = clock
-
-    def compute_grads(self, *args):
-        self.clock.now += 1.0
-        return super().compute_grads(*args)
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,8 @@ def machine_description(device: torch.device) -> str:
                     break
         except OSError:
             pass
-        what = f"{model}, {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        what = f"{model}, {threads} thread{'s' if threads > 1 else ''}"
     return f"{what}; torch {torch.__version__}"
 
 
@@ -130,10 +131,12 @@ def training_step(engine, model, x, y, loss_fn, opt, after=None):
     return step
 
 
-def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, device, clock=time.perf_counter) -> dict:
+def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, device, clock=time.perf_counter,
+                     on_round=None) -> dict:
     """Time every ``steps[name]()`` interleaved: ``rounds`` rounds, each timing a block of
     ``timed // rounds`` (at least 1) calls of every step in turn, the order rotated every round,
-    after ``warmup`` calls of each. The first name is the baseline.
+    after ``warmup`` calls of each. The first name is the baseline. ``on_round(r)``: called after
+    round ``r`` (1..rounds; 0 after the warm-up), e.g. to show progress.
 
     Returns ``{name: {"step_ms": median over all timed calls, "ratio_to_baseline": median over
     rounds of (this block's median / the baseline's block median in the same round), "ratio_min",
@@ -145,6 +148,8 @@ def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, devic
     for name in names:
         for _ in range(warmup):
             steps[name]()
+    if on_round:
+        on_round(0)
     per_round = max(1, timed // rounds)
     times = {name: [] for name in names}  # per round: the block's call times
     for r in range(rounds):
@@ -157,6 +162,8 @@ def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, devic
                 sync(device)
                 block.append(clock() - t0)
             times[name].append(block)
+        if on_round:
+            on_round(r + 1)
     base = [statistics.median(block) for block in times[names[0]]]
     out = {}
     for name in names:

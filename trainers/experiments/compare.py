@@ -7,11 +7,20 @@ then ``summary.md`` (a Markdown table, mean +- std over seeds) and
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
 from trainers.core.distributed import DataParallel
-from trainers.core.errors import ConfigError, IncompatibleModelError, NonFiniteLossError, spell
+from trainers.core.errors import (
+    ConfigError,
+    IncompatibleModelError,
+    NonFiniteLossError,
+    RunInterrupted,
+    RunTerminated,
+    Terminated,
+    spell,
+)
 from trainers.core.registry import engine_class
 from trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
 from trainers.experiments.plots import plot_comparison
@@ -37,11 +46,14 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     Timing (``trainers.experiments.step_timing``): each trainer's step on its first seed's setup, round-robin
     against ``reference`` (backprop if compared, else the first trainer), ``timing_rounds`` rounds
     (``clock``: the timer, tests pass a fake one); a ``resume`` reuses the timing of ``comparison.json``
-    when it covers the same trainers, so the budget stays the same.
+    when it covers the same trainers, so the budget stays the same. With progress on (the setups' config), it
+    says first what it will do, then shows the timing's rounds as training shows its steps.
     ``budget`` (``trainers.experiments.budget``): samples (default; with ``epochs`` every trainer runs them), steps
     or time, relative to the reference's ``epochs`` or ``steps``. ``target``: the validation metric
     of the time-to-target table (default: ``trainers.experiments.verdict.default_target``).
 
+    ``comparison.json`` is written once the timing is done and after every run, so that a comparison stopped
+    in any phase resumes with the same budget; a resume also keeps its start time and adds up its wall time.
     A run whose loss turns NaN or Inf is recorded (``failed.json`` in its directory, listed
     in ``summary.md``) and the others go on; the returned ``failures`` lists them. A run directory
     that already holds a run is refused before anything trains, unless ``resume`` or ``overwrite``.
@@ -65,27 +77,52 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
                 raise ConfigError(f"{path} already holds a run; {spell('resume')} continues the comparison, "
                                   f"{spell('overwrite')} replaces its runs, or choose another {spell('experiment')}")
     here = DataParallel()
-    # rank 0 decides whether a resume reuses its timing; every rank times (in lockstep), rank 0's numbers count
-    previous = here.broadcast_object(_previous_timing(out_dir, trainers, ref) if resume and here.is_main else None,
+    first = setups[(ref, seeds[0])].config
+    speak = first.progress and here.is_main
+    if speak:
+        _say(f"[compare] {experiment}: {len(trainers)} trainers ({', '.join(trainers)}) x seeds "
+            f"{', '.join(map(str, seeds))}: timing each trainer's step round-robin ({timing_rounds} rounds"
+            f"{', or reusing the timing of ' + COMPARISON_FILE if resume else ''}), then {len(setups)} runs, then "
+            f"the summary")
+    # rank 0 decides whether a resume reuses its record; every rank times (in lockstep), rank 0's numbers count
+    previous = here.broadcast_object(_previous_record(out_dir, trainers, ref) if resume and here.is_main else None,
                                      "sharing rank 0's step timing")
-    timing = previous or here.broadcast_object(
-        time_steps({t: build(t, seeds[0]) for t in trainers}, ref, rounds=timing_rounds, clock=clock),
-        "sharing rank 0's step timing")
+    try:
+        timing = previous["timing"] if previous else here.broadcast_object(
+            time_steps({t: build(t, seeds[0]) for t in trainers}, ref, rounds=timing_rounds, clock=clock,
+                       progress=speak, every=first.progress_seconds),
+            "sharing rank 0's step timing")
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM before any run: say that nothing is lost but the timing
+        stopped = RunTerminated if isinstance(err, Terminated) else RunInterrupted
+        raise stopped(f"{'terminated (SIGTERM)' if stopped is RunTerminated else 'interrupted'} while timing the "
+                      f"trainers' steps, before any run: nothing was trained; the same command starts the "
+                      f"comparison again") from None
     lengths = _run_lengths(budget, ref, {t: setups[(t, seeds[0])] for t in trainers}, epochs, steps, timing)
+    # comparison.json from here on, so that an interrupted comparison resumes with the same timing and budget
+    record = {"reference": ref, "budget": budget, "target": target, "seeds": seeds, "lengths": lengths,
+              "started": previous["started"] if previous else time.strftime("%Y-%m-%d %H:%M:%S %Z",
+                                                                             time.localtime(started)),
+              "sessions": previous.get("sessions", 1) + 1 if previous else 1, "timing": timing}
+    earlier_s = previous["wall_s"] if previous else 0.0
+
+    def write_record():
+        if here.is_main:
+            record["wall_s"] = earlier_s + time.perf_counter() - wall
+            write_text_atomic(out_dir / COMPARISON_FILE, json.dumps(record, indent=2) + "\n")
+
+    write_record()
     trainer_objs = {key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir, experiment=experiment,
                                  run_name=run_name or key[0], overwrite=overwrite, meta=s.meta, settings=s.settings,
                                  timing=timing["trainers"][key[0]])
                     for key, s in setups.items()}
-    failures = [failure for (name, seed), trainer in trainer_objs.items()
-                if (failure := _run_or_record(trainer, name, seed, resume=resume, allow_changes=allow_changes,
-                                                 **lengths[name]))]
+    failures = []
+    for (name, seed), trainer in trainer_objs.items():
+        failure = _run_or_record(trainer, name, seed, resume=resume, allow_changes=allow_changes, **lengths[name])
+        failures += [failure] if failure else []
+        write_record()
     task = next(iter(setups.values())).task
     if not here.is_main:  # under torchrun, rank 0 writes the summary
         return {"results": {}, "table": "", "dir": out_dir, "failures": failures}
-    record = {"reference": ref, "budget": budget, "target": target, "seeds": seeds, "lengths": lengths,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
-              "wall_s": time.perf_counter() - wall, "timing": timing}
-    write_text_atomic(out_dir / COMPARISON_FILE, json.dumps(record, indent=2) + "\n")
     results = experiment_runs(out_dir)
     table = write_summary(out_dir, experiment, task, results, record)
     write_experiment_config(out_dir)
@@ -94,13 +131,20 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     return {"results": results, "table": table, "dir": out_dir, "failures": failures, "comparison": record}
 
 
-def _previous_timing(out_dir: Path, trainers: list[str], reference: str) -> dict | None:
-    """The step timing of the experiment's ``comparison.json`` if it covers these trainers and reference (a
-    resume keeps its budget), else None."""
+def _say(line: str) -> None:
+    """A line of what the comparison does next, on stderr beside the runs' progress lines."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _previous_record(out_dir: Path, trainers: list[str], reference: str) -> dict | None:
+    """The experiment's ``comparison.json`` if its timing covers these trainers and reference (a resume keeps
+    its budget, start time and wall time), else None."""
     try:
-        timing = json.loads((out_dir / COMPARISON_FILE).read_text())["timing"]
+        record = json.loads((out_dir / COMPARISON_FILE).read_text())
+        timing = record["timing"]
         if timing["reference"] == reference and set(trainers) <= set(timing["trainers"]):
-            return timing
+            return {"timing": timing, "started": str(record["started"]), "wall_s": float(record["wall_s"]),
+                    "sessions": int(record.get("sessions", 1))}
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none, or a damaged record: time again
     return None

@@ -18,6 +18,7 @@ import time
 from trainers.bench import machine_description, peak_step_memory_mb, time_round_robin
 from trainers.core.errors import NonFiniteLossError
 from trainers.core.threads import last_choice
+from trainers.run.progress import Progress
 from trainers.run.trainer import Trainer
 
 __all__ = ["time_steps", "ROUNDS", "WARMUP"]
@@ -36,9 +37,10 @@ def _timed_step(trainer: Trainer, x, y) -> None:
 
 
 def time_steps(setups: dict, reference: str, *, rounds: int = ROUNDS, warmup: int = WARMUP,
-               clock=time.perf_counter) -> dict:
+               clock=time.perf_counter, progress: bool = False, every: float = 10.0) -> dict:
     """Time the training step of each ``setups[trainer]`` (a fresh ``trainers.cli.Setup``) round-robin against
-    ``setups[reference]``. Returns ``{"reference", "rounds", "warmup", "machine", "threads", "trainers":
+    ``setups[reference]`` (``progress``: lines on stderr as training's, every ``every`` seconds).
+    Returns ``{"reference", "rounds", "warmup", "machine", "threads", "trainers":
     {name: {"step_ms", "ratio", "ratio_min", "ratio_max", "ms_min", "ms_max", "batch_size", "peak_mb"}}}``
     where ``step_ms`` = ratio x the reference's median step (the reference's: its median)."""
     names = [reference] + [t for t in setups if t != reference]
@@ -50,7 +52,13 @@ def time_steps(setups: dict, reference: str, *, rounds: int = ROUNDS, warmup: in
         batches[name] = int(len(y))
         steps[name] = functools.partial(_timed_step, trainer, x, y)
         device = trainer.device
-    timed = time_round_robin(steps, timed=rounds, rounds=rounds, warmup=warmup, device=device, clock=clock)
+    shown = Progress(f"timing {len(names)} trainers' steps round-robin", rounds, every=every, enabled=progress,
+                     unit="round")
+    try:
+        timed = time_round_robin(steps, timed=rounds, rounds=rounds, warmup=warmup, device=device, clock=clock,
+                                 on_round=shown.update)
+    finally:
+        shown.close()
     base_ms = timed[reference]["step_ms"]
     out = {}
     for name in names:

@@ -45,6 +45,9 @@ class TrainConfig:
     grad_agreement_every: int = option(
         0, "log gradient agreement with exact backprop every N steps (0: off; costs a backprop pass)")
     checkpoint_every: int | None = option(None, "write a checkpoint every N steps (none: at evaluations only)")
+    checkpoint_seconds: float | None = option(
+        60.0, "also write a checkpoint when this many seconds passed since the last one, so that an interrupt loses "
+              "at most about that much training (none: off)")
     seed: int = option(0, "one seed for Python, NumPy, torch and data order")
     device: str = option("cpu", "torch device (cpu, cuda, cuda:1, ...)")
     dtype: Literal["float32", "float64"] = option("float32", "parameter and data dtype")
@@ -74,6 +77,8 @@ class TrainConfig:
             raise bad("seed", "in [0, 2**32) (NumPy's seeds are 32-bit)")
         if self.progress_seconds <= 0:
             raise bad("progress_seconds", "> 0")
+        if self.checkpoint_seconds is not None and self.checkpoint_seconds <= 0:
+            raise bad("checkpoint_seconds", "> 0 or none")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise bad("clip_grad_norm", "> 0")
         if not 0 < self.gamma <= 1:

@@ -30,7 +30,8 @@ __all__ = ["METRIC_PREFIX", "CONFIG_FILE", "SHOWN_FIRST", "metric_display_names"
 
 METRIC_PREFIX = "hparam/"  # tag prefix of a session's metric scalars
 CONFIG_FILE = "events.out.tfevents.hparams-experiment"  # "tfevents" in the name: TensorBoard loads it
-REPORTING_OPTIONS = ("progress", "progress_seconds", "log_axis")  # options of how a run reports, not of what it trains
+# options of how a run reports and keeps itself, not of what it trains
+REPORTING_OPTIONS = ("progress", "progress_seconds", "log_axis", "checkpoint_seconds")
 # The HParams tab lists hparams by (differs, name) and shows the first five: the
 # "_" of these names sorts before every lowercase name, so run, trainer and the
 # optimizer come first; TensorBoard shows their display names.

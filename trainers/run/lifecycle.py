@@ -70,10 +70,14 @@ def _restore(trainer, state: dict, changes: list[dict]) -> None:
     trainer.changes = list(state.get("changes", [])) + changes
 
 
-def start(trainer, resumed) -> None:
-    """Restore ``resumed`` ((checkpoint, changes)) or seed a fresh run; then one replica on every rank."""
+def start(trainer, resumed, total: int) -> None:
+    """Restore ``resumed`` ((checkpoint, changes)) or seed a fresh run; then one replica on every rank. Rank 0
+    says where a resumed run continues from."""
     if resumed is not None:
         _restore(trainer, *resumed)
+        if trainer.parallel.is_main:
+            note(f"{trainer.run_name} seed {trainer.cfg.seed}: resuming from step {trainer.step} of {total} "
+                 f"({trainer.files.checkpoint if trainer.files else 'its checkpoint'})")
         for change in resumed[1]:
             note(f"resuming at step {change['step']} with {change['option']} {change['to']} instead of "
                  f"{change['from']} (recorded in result.json)")
@@ -111,6 +115,11 @@ def kept(trainer) -> str:
     return f"the last checkpoint (step {trainer.saved_step}) is kept at {last}"
 
 
+def _every_seconds(trainer) -> str:
+    seconds = trainer.cfg.checkpoint_seconds
+    return "" if seconds is None else f" and every {seconds:g} s"
+
+
 def write_failure(trainer, err: OSError) -> str:
     """One line: which path failed, why, at which step, and what the run directory keeps."""
     where = err.filename or trainer.run_dir
@@ -129,6 +138,9 @@ def run_failure(trainer, err: BaseException, logger: RunLogger | None) -> BaseEx
     if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
         stopped = RunTerminated if isinstance(err, Terminated) else RunInterrupted
         what = "terminated (SIGTERM)" if stopped is RunTerminated else "interrupted"
+        if last_checkpoint(trainer) is None:  # a resume would start afresh: say so rather than promise more
+            return stopped(f"{what} at step {trainer.step}, before the run's first checkpoint (written at evaluations"
+                           f"{_every_seconds(trainer)}): nothing to continue, a rerun starts it afresh")
         return stopped(f"{what} at step {trainer.step}, {kept(trainer)}; {spell('resume')} continues the run")
     if trainer.user_model and isinstance(err, Exception) and not isinstance(err, NAMED_ERRORS):
         return ModelRunError(f"model '{trainer.meta.get('name')}' failed at step {trainer.step}: {one_line(err)}; "

@@ -36,11 +36,12 @@ class Progress:
         enabled: False prints nothing (``--progress false``, ranks other than 0).
         stream: where to write (default: ``sys.stderr`` now); a terminal gets the bar.
         clock: seconds, monotonic (tests pass a fake one).
+        unit: what is counted ("step"; the comparison's timing counts "round"s and has no loss).
     """
 
     def __init__(self, name: str, total: int, *, initial: int = 0, every: float = 10.0, enabled: bool = True,
-                 stream=None, clock=time.monotonic):
-        self.name, self.total, self.every, self.clock = name, total, every, clock
+                 stream=None, clock=time.monotonic, unit: str = "step"):
+        self.name, self.total, self.every, self.clock, self.unit = name, total, every, clock, unit
         self.stream = sys.stderr if stream is None else stream
         self.enabled = enabled
         self.step, self.loss = initial, math.nan
@@ -55,8 +56,9 @@ class Progress:
         """True when progress goes out as plain lines (enabled, and not a terminal)."""
         return self.enabled and self.bar is None
 
-    def update(self, step: int, loss: float) -> None:
-        """Step ``step`` is done with training loss ``loss``; prints a line when ``every`` seconds have passed."""
+    def update(self, step: int, loss: float = math.nan) -> None:
+        """Step ``step`` is done with training loss ``loss`` (nan: none shown); prints a line when ``every``
+        seconds have passed."""
         self.step, self.loss = step, loss
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
@@ -103,8 +105,9 @@ class Progress:
     def _status(self, now: float) -> str:
         rate = self._rate(now)
         shown = "?" if rate is None else f"{rate:.3g}" if rate < 100 else f"{rate:.0f}"
-        return (f"step {self.step}/{self.total} ({100 * self.step / self.total:.1f}%)  loss {self.loss:.4f}  "
-                f"{shown} steps/s  elapsed {format_seconds(now - self._start)}")
+        loss = "" if math.isnan(self.loss) else f"  loss {self.loss:.4f}"
+        return (f"{self.unit} {self.step}/{self.total} ({100 * self.step / self.total:.1f}%){loss}  "
+                f"{shown} {self.unit}s/s  elapsed {format_seconds(now - self._start)}")
 
     def _print(self, text: str) -> None:
         print(f"[{self.name}] {text}", file=self.stream, flush=True)

@@ -5,7 +5,8 @@
         agreement                every N steps, compare the engine with exact backprop
         update                   trainers.run.step.TrainStep: engine.compute_grads (where loss.backward()
                                  stands), clip, optimizer and scheduler, orthogonality upkeep
-        log / evaluate / checkpoint
+        log / evaluate / checkpoint   (at every evaluation, every checkpoint_every steps, and once
+                                 checkpoint_seconds passed since the last: an interrupt loses at most that)
     final evaluations, result    (a failure: one line saying what was kept, lifecycle.run_failure)
 
 Data order is a function of (seed, epoch) alone, and every random generator
@@ -266,7 +267,7 @@ class Trainer:
         if self.files is None or not self.parallel.is_main:
             return None
         path = self.files.save(self._checkpoint_state())
-        self.saved_step = self.step
+        self.saved_step, self._checkpointed = self.step, self.clock()
         return path
 
     # ------------------------------------------------------------- training
@@ -312,13 +313,13 @@ class Trainer:
 
     def _fit(self, total: int, resumed) -> dict:
         """The training loop of ``fit``; ``resumed``: (checkpoint, changes) or None."""
-        lifecycle.start(self, resumed)
+        lifecycle.start(self, resumed, total)
         logger = lifecycle.open_logger(self, resuming=resumed is not None)
         # rank 0 reports: a bar on a terminal, a line every progress_seconds otherwise (logs, CI)
         progress = Progress(f"{self.run_name} seed {self.cfg.seed}", total, initial=self.step,
                             every=self.cfg.progress_seconds, enabled=self.cfg.progress and self.parallel.is_main,
                             clock=self.clock)
-        self._flushed = self.clock()
+        self._flushed = self._checkpointed = self.clock()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
@@ -373,7 +374,8 @@ class Trainer:
             if logger:
                 logger.log(self.step, scalars, **where)
         # checkpoint (after the logs it covers are flushed); metrics.jsonl also every progress_seconds
-        checkpoint = evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+        checkpoint = (evaluated or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+                      or (cfg.checkpoint_seconds and self.clock() - self._checkpointed >= cfg.checkpoint_seconds))
         if logger and (checkpoint or self.clock() - self._flushed >= cfg.progress_seconds):
             logger.flush()
             self._flushed = self.clock()
