@@ -43,6 +43,10 @@ def test_batch_sizes_64_and_256_share_the_samples_axis(tmp_path):
     # the same curves against compute time: step = the run's compute milliseconds
     compute = scalar_steps(tmp_path / "exp" / "foton" / "seed0", "vs_compute_ms/eval/accuracy")
     assert compute == [round(r["compute_ms"]) for r in records if "eval/accuracy" in r and "test/accuracy" not in r]
+    events = EventAccumulator(str(tmp_path / "exp" / "foton" / "seed0"))
+    events.Reload()
+    assert "eval/samples" in events.Tags()["scalars"]  # a count beside each evaluation, not a curve over compute
+    assert "vs_compute_ms/eval/samples" not in events.Tags()["scalars"]
 
 
 def test_a_single_train_run_keeps_steps_on_its_axis(tmp_path):
@@ -269,3 +273,9 @@ def test_where_validation_and_test_disagree_the_summary_says_so():
     assert lines[0].startswith("Where the two readings disagree (they read different splits, 179 vs 359 examples")
     assert lines[1].startswith("- **dfa**: within noise at equal samples on validation, behind on test")
     assert disagreement_lines(results, "accuracy", "backprop", True, {"dfa": "behind"}, *units) == []
+
+
+def test_the_reference_alone_gets_no_empty_verdict_headings():
+    from trainers.experiments.summary import verdict_lines
+
+    assert verdict_lines({"backprop": [_run(0, 100.0, 0.9)]}, "accuracy", "backprop", True) == ([], {})

@@ -45,6 +45,10 @@ def test_comparison_figure_has_axis_labels_and_a_heatmap_row_per_inexact_trainer
     heat = axes[3].images[0].get_array()
     assert heat.shape == (4, 3) and np.allclose(heat[:, 0], [0.0, 0.1, 0.2, 0.3])  # input layer at the bottom row
     assert np.allclose(axes[4].images[0].get_array(), 1.0)  # log10 of a norm ratio of 10
+    # a trainer keeps its colour in every panel, so the cosine panel (crowded at 1) needs no legend of its own
+    colours = [{line.get_label(): line.get_color() for line in ax.lines} for ax in axes[:3]]
+    assert colours[0] == colours[1] == colours[2] and len(set(colours[0].values())) == 2
+    assert axes[0].get_legend() and axes[1].get_legend() and axes[2].get_legend() is None
 
 
 def test_no_heatmap_without_per_layer_agreement(tmp_path, monkeypatch):

@@ -143,7 +143,11 @@ def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, ca
     experiment = logdir / "compare-digits"
     assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == ["backprop", "dfa", "fa"]
     assert (experiment / "summary.md").exists() and (experiment / "comparison.png").exists()
-    capsys.readouterr()
+    note = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: compared")]
+    assert note == ["note: compared backprop, dfa, fa: every trainer this model allows; left out: dsf, ftbptt (need "
+                    "a model with recurrent layers); foton, pepita (need a layer stack h_l = act(A_l h_{l-1} + b_l) "
+                    "with adjoint-capable A_l); highway (needs a residual stack) (--trainers NAME says the whole "
+                    "reason)"]
     assert compare_main(["--model", f"{user_file}:Net", "--trainers", "foton", "--steps", "5", "--seeds", "0",
                          "--logdir", str(tmp_path / "other"), "--progress", "false"]) == 2
     assert "trainer 'foton' needs" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from trainers.core.distributed import BACKENDS, DataParallel, init_distributed, 
 from trainers.core.errors import (
     ConfigError,
     DataError,
+    IncompatibleModelError,
 )
 from trainers.core.options import add_arguments, options_from_args, parse_key_values, parse_options
 from trainers.core.registry import available, build_engine, engine_class
@@ -316,19 +317,24 @@ def _example(task) -> tuple:
     return task.train.inputs[:2], task.train.targets[:2]
 
 
-def trainers_for(model, task) -> list[str]:
-    """The trainers ``model``'s structure allows, Highway-BP included where a residual stack is found in it."""
-    names = []
+def trainers_for(model, task) -> tuple[list[str], dict[str, str]]:
+    """The trainers ``model``'s structure allows, Highway-BP included where a residual stack is found in it;
+    and, for each trainer left out, its refusal (one line)."""
+    names, refused = [], {}
     for name in available():
-        if name == "highway" and not compatible(name, model):
+        try:
+            engine_class(name)().check(model)
+        except IncompatibleModelError as err:
+            if name != "highway":
+                refused[name] = str(err)
+                continue
             try:
                 models.residual_stack(model, example=_example(task))
-            except models.ModelConfigError:
+            except models.ModelConfigError as found:
+                refused[name] = f"{err}; and no residual stack was found in it: {found}"
                 continue
-            names.append(name)
-        elif compatible(name, model):
-            names.append(name)
-    return names
+        names.append(name)
+    return names, refused
 
 
 def join_job(args) -> DataParallel:

@@ -2,6 +2,7 @@
 samples, steps or time (``scripts/compare.py``, ``gradengines compare``)."""
 
 import math
+import re
 import sys
 
 from trainers.cli.args import (
@@ -25,6 +26,7 @@ from trainers.experiments.budget import BUDGETS, reference_trainer
 from trainers.experiments.compare import run_comparison
 from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 from trainers.run.config import TrainConfig
+from trainers.run.rundir import note
 
 __all__ = ["compare_main", "DEFAULT_COMPARISON"]
 
@@ -90,7 +92,11 @@ def compare_main(argv=None, prog: str | None = None) -> int:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
             probe = build_from_args(args, "backprop", seeds[0])
-            runs = {name: (name, {}) for name in trainers_for(probe.model, probe.task)}
+            found, refused = trainers_for(probe.model, probe.task)
+            if refused and here.is_main:
+                note(f"compared {', '.join(found)}: every trainer this model allows; left out: "
+                     f"{left_out(refused)} (--trainers NAME says the whole reason)")
+            runs = {name: (name, {}) for name in found}
         else:
             runs = trainer_runs(args.trainers)
         names = list(runs)
@@ -124,6 +130,17 @@ def compare_main(argv=None, prog: str | None = None) -> int:
                                      f"the others finished, see {out['dir'] / 'summary.md'}")
 
     return run_cli(main)
+
+
+def left_out(refused: dict[str, str]) -> str:
+    """Trainers grouped by what they need (the refusal's "needs ..." clause): ``dsf, ftbptt (need a model with
+    recurrent layers); ...``."""
+    needs: dict[str, list[str]] = {}
+    for name, why in refused.items():
+        found = re.search(r"needs (.*?)(?: \(|;|$)", why)
+        needs.setdefault(found.group(1) if found else why, []).append(name)
+    return "; ".join(f"{', '.join(names)} (need{'s' if len(names) == 1 else ''} {what})"
+                     for what, names in needs.items())
 
 
 def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) -> dict[str, dict]:

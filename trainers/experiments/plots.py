@@ -63,13 +63,15 @@ def _heatmap(ax, fig, title: str, grid, label: str, xlabel: str, **style) -> Non
     fig.colorbar(image, ax=ax, label=label)
 
 
-def _panel(ax, histories, tag, title, ylabel, axis) -> None:
-    for trainer, runs in histories.items():
+def _panel(ax, histories, tag, title, ylabel, axis, legend: bool = True) -> None:
+    """Mean curve and min..max band per trainer; a trainer keeps its colour (``C<i>``, its place in
+    ``histories``) in every panel, so one legend serves a row."""
+    for i, (trainer, runs) in enumerate(histories.items()):
         curve = _curve(runs, tag, axis)
         if curve is None:
             continue
         xs, mean, low, high = curve
-        (line,) = ax.plot(xs, mean, label=trainer)
+        (line,) = ax.plot(xs, mean, label=trainer, color=f"C{i % 10}")
         ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2)
     ax.set_title(title)
     ax.set_xlabel(AXES[axis][0])
@@ -80,9 +82,9 @@ def _panel(ax, histories, tag, title, ylabel, axis) -> None:
     if tag == "grad/cosine_global" and ax.lines:
         lowest = min(line.get_ydata().min() for line in ax.lines)
         ax.set_ylim(min(lowest, 0.9) - 0.01, 1.01)  # cosines near 1 stay readable, not zoomed to 1e-12
-    if ax.lines:
+    if ax.lines and legend:
         ax.legend()
-    else:
+    elif not ax.lines:
         ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
 
 
@@ -112,7 +114,8 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, t
                                              (f"eval/{metric}", f"validation {metric}", metric),
                                              ("grad/cosine_global", "gradient cosine vs backprop (all parameters)",
                                               "cosine")]):
-        _panel(fig.add_subplot(grid[0, 2 * i:2 * i + 2]), histories, tag, name, ylabel, axis)
+        # the cosine panel's curves crowd its top (backprop at 1): its colours are the row's other legends'
+        _panel(fig.add_subplot(grid[0, 2 * i:2 * i + 2]), histories, tag, name, ylabel, axis, legend=i < 2)
     if timed:
         for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss against compute time",
                                                   "loss (log scale)"),

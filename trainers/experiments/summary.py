@@ -228,7 +228,7 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, h
     (module docstring), and each trainer's word at equal samples (for the disagreement sentences)."""
     horizons = {key: _within_horizon(results, metric, key, higher_better) for key in ("samples", "compute_ms")}
     horizons = {key: h for key, h in horizons.items() if h is not None}
-    if reference not in results or not horizons:
+    if reference not in results or len(results) < 2 or not horizons:  # nothing to compare the reference with
         return [], {}
     tests = {key: _verdict_tests(results, metric, reference, key, higher_better, h) for key, h in horizons.items()}
     family = [t for group in tests.values() for t in group]

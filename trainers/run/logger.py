@@ -56,6 +56,9 @@ def _json_value(v: float):
     return v if math.isfinite(v) else str(v)
 
 
+NOT_CURVES = ("eval/samples",)  # logged beside the evaluations, but a count, not a curve against compute time
+
+
 class RunLogger:
     """Scalars to TensorBoard and ``metrics.jsonl``; the HParams session at the end.
 
@@ -95,7 +98,7 @@ class RunLogger:
         x = samples if self.axis == "samples" and samples is not None else step
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, x)
-            if compute_ms is not None and (tag == "train/loss" or tag.startswith("eval/")):
+            if compute_ms is not None and (tag == "train/loss" or tag.startswith("eval/")) and tag not in NOT_CURVES:
                 self.writer.add_scalar(self.COMPUTE_PREFIX + tag, value, round(compute_ms))
         where = {"step": step, **({} if samples is None else {"samples": samples, "epoch": epoch}),
                  **({} if compute_ms is None else {"compute_ms": compute_ms})}
