@@ -1,11 +1,32 @@
-"""The README's "your own model" examples, run as written: an nn.GRU language model with DSF and a
-nanoGPT-style model (nanoGPT's module names and config) with Highway-BP, each in a plain loop."""
+"""Every example of README.md, run as written (issue 31).
+
+The ```python and ```bash blocks are read from README.md itself, so an edit that breaks an example fails here.
+Every block is accounted for: each Python block is run by one test below (``PYTHON_BLOCKS``), and each command
+of a bash block (continuation lines joined, comments dropped, ``&&`` splitting two commands) is either run
+(``RUNS``) or listed in ``SKIPPED`` with the reason; a command that is neither, or an entry that no longer
+matches a README command, fails ``test_every_readme_block_is_run_or_skipped_with_a_reason``.
+
+The commands run at reduced sizes: the README's argument list plus flags appended to it (argparse keeps the last
+value), in a fresh directory per group (``runs/`` of their own), each followed by a check of what it wrote. They
+run in this process through the function each script calls (``scripts/X.py`` is ``trainers.cli.COMMANDS["X"]``,
+``gradengines`` is ``trainers.cli.main``), not as subprocesses: a process pays 7-10 s of imports (torch,
+scikit-learn, the meta-device estimate, matplotlib) before its first step, which for the twenty commands would
+cost minutes; the scripts' own process entry is run in tests/test_cli.py and the installed command in
+tests/test_user_models.py.
+"""
 
 import dataclasses
+import json
 import math
 import re
+import shlex
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -13,11 +34,363 @@ from torch.nn import functional as F
 import models
 import trainers
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README_PATH = Path(__file__).resolve().parents[1] / "README.md"
+README = README_PATH.read_text()
+
+
+# --- the blocks of README.md --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadmeBlock:
+    """One fenced block: its language, the README line of its first code line, its code (dedented)."""
+
+    lang: str
+    line: int
+    code: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command of a bash block: the README line it starts on, its words (shell quoting removed)."""
+
+    line: int
+    argv: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.argv)
+
+
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<code>.*?)^(?P=indent)```", re.S | re.M)
+
+
+def readme_blocks(text: str = README) -> list[ReadmeBlock]:
+    """Every fenced block of ``text``, also those indented under a list item."""
+    return [ReadmeBlock(m["lang"], text.count("\n", 0, m.start()) + 2, textwrap.dedent(m["code"]))
+            for m in FENCE.finditer(text)]
+
+
+def block_commands(block: ReadmeBlock) -> list[Command]:
+    """The commands of a bash block: continuation lines joined, comments dropped, ``a && b`` as two commands."""
+    commands, pending, start = [], "", block.line
+    for number, line in enumerate(block.code.splitlines(), start=block.line):
+        if not pending:
+            start = number
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        words, pending = shlex.split(pending + line, comments=True), ""
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            commands.append(Command(start, tuple(words[:cut])))
+            words = words[cut + 1:]
+    return commands
+
+
+def readme_commands() -> list[Command]:
+    return [c for b in readme_blocks() if b.lang == "bash" for c in block_commands(b)]
 
 
 def example(first_line: str) -> str:
-    return re.search(rf"```python\n({re.escape(first_line)}.*?)```", README, re.S).group(1)
+    """The README's Python block that begins with ``first_line`` (which may span lines)."""
+    found = [b.code for b in readme_blocks() if b.lang == "python" and b.code.startswith(first_line)]
+    assert len(found) == 1, f"{len(found)} Python blocks of README.md begin with {first_line!r}"
+    return found[0]
+
+
+# --- what each README command is: run at reduced size, or skipped with the reason ---------------------------------
+
+COMPARE = "--seeds 0 --steps 2 --timing-rounds 5"  # one seed, two steps, the fewest timing rounds allowed
+TRAIN = "--steps 2"
+BENCH = "--steps 20 --warmup 1"  # the fewest timed steps allowed
+
+MY_MODELS = '''\
+from torch import nn
+
+
+class Net(nn.Module):
+    """A user's own MLP, as README.md's "Your own model" means it."""
+
+    def __init__(self, in_features, out_features, hidden=64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, out_features))
+
+    def forward(self, x):
+        return self.net(x)
+'''
+
+
+def write_my_models(cwd: Path) -> None:
+    (cwd / "my_models.py").write_text(MY_MODELS)
+
+
+def finished_run(run_dir: Path, steps: int | None = None) -> dict:
+    """The run's result.json: the steps asked for (any, in a comparison's equal-samples budget), finite
+    best-validation and test metrics."""
+    record = json.loads((run_dir / "result.json").read_text())
+    metric = record["metric"]
+    assert record["steps"] >= 1 if steps is None else record["steps"] == steps, (run_dir, record["steps"])
+    assert math.isfinite(record["best_val"][metric]) and math.isfinite(record["test"][metric]), record
+    return record
+
+
+def comparison(experiment: str, *runs: str) -> Callable[[Path, str], None]:
+    """A comparison wrote every run's result.json and a summary.md with a row per run (and no other runs)."""
+
+    def check(cwd: Path, output: str) -> None:
+        exp = cwd / "runs" / experiment
+        found = sorted(p.name for p in exp.iterdir() if p.is_dir() and p.name != "tuning")
+        assert found == sorted(runs), found
+        summary = (exp / "summary.md").read_text()
+        for run in runs:
+            finished_run(exp / run / "seed0")
+            assert f"| {run} |" in summary, run
+        assert f"runs, summary.md and comparison.png in runs/{experiment}" in output
+
+    return check
+
+
+def tuned(experiment: str, trials: int, *runs: str) -> Callable[[Path, str], None]:
+    """A --tune comparison: ``trials`` trials per trainer in tuning.json, a choice, then the comparison."""
+
+    def check(cwd: Path, output: str) -> None:
+        comparison(experiment, *runs)(cwd, output)
+        for run in runs:
+            record = json.loads((cwd / "runs" / experiment / "tuning" / run / "tuning.json").read_text())
+            assert len(record["trials"]) == trials and record["best"] in [t["values"] for t in record["trials"]]
+
+    return check
+
+
+def trained(run: str, steps: int = 2) -> Callable[[Path, str], None]:
+    """train.py wrote runs/train/<run>/seed0/result.json (and printed it)."""
+
+    def check(cwd: Path, output: str) -> None:
+        record = finished_run(cwd / "runs" / "train" / run / "seed0", steps=steps)
+        assert f'"steps": {steps}' in output and record["run"] == run
+
+    return check
+
+
+def benched(*trainers_timed: str) -> Callable[[Path, str], None]:
+    """bench.py wrote bench_out/bench.json: rows of every trainer asked for, every number finite."""
+
+    def check(cwd: Path, output: str) -> None:
+        rows = json.loads((cwd / "bench_out" / "bench.json").read_text())["rows"]
+        assert rows and all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)), rows
+        assert {r["trainer"] for r in rows} >= set(trainers_timed), rows
+        assert (cwd / "bench_out" / "bench.md").read_text() in output
+
+    return check
+
+
+def tabled(*columns: str, plot: str | None = None) -> Callable[[Path, str], None]:
+    """table.py printed a Markdown table with these columns (and wrote the figure)."""
+
+    def check(cwd: Path, output: str) -> None:
+        header = next(line for line in output.splitlines() if line.startswith("| experiment |"))
+        assert [c.strip() for c in header.strip("|").split("|")][1:] == list(columns), header
+        if plot:
+            assert (cwd / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    return check
+
+
+def results_of(source: str, target: str) -> Callable[[Path], None]:
+    """The table lines read what a benchmark script (too long to run here) writes: a folder of comparisons.
+    The comparison this group ran stands in for them."""
+
+    def prepare(cwd: Path) -> None:
+        shutil.copytree(cwd / "runs" / source, cwd / "runs" / target / source)
+
+    return prepare
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A README command this file runs: ``pattern`` (re.match on its words), ``shrink`` (flags appended),
+    ``check`` (of the files it wrote and its stdout + stderr), ``prepare`` (before it, in its directory).
+    Commands of one ``group`` run in one directory, in README order; a ``...`` in a command stands for the
+    words of the group's previous command."""
+
+    group: str
+    pattern: str
+    check: Callable[[Path, str], None]
+    shrink: str = ""
+    prepare: Callable[[Path], None] | None = None
+
+
+RUNS = [
+    # "Fair comparisons": --tune at one trainer (backprop) for the default grid
+    Run("tune", r"\.venv/bin/python scripts/compare\.py --tune$", tuned("compare-digits", 5, "backprop"),
+        COMPARE + " --trainers backprop"),
+    Run("tune-grid", r"\.venv/bin/python scripts/compare\.py --trainers foton .*--tune ",
+        tuned("compare-digits", 8, "foton"), COMPARE + " --depth 4"),
+    # "Using it": one directory, as a user would run them one after the other
+    Run("using", r"\.venv/bin/python scripts/train\.py --trainer backprop --model mlp --task digits ",
+        trained("backprop"), TRAIN),
+    Run("using", r"\.venv/bin/python scripts/train\.py \.\.\. --resume$", trained("backprop", steps=4), "--steps 4"),
+    Run("using", r"\.venv/bin/python scripts/compare\.py --trainers backprop --model residual_mlp ",
+        comparison("compare-digits", "backprop"), COMPARE),
+    Run("using", r"\.venv/bin/python scripts/bench\.py --suite engines ",
+        benched("backprop", "foton", "foton:mode=lowmem"), BENCH + " --depths 2 --widths 16 --batch-size 16"),
+    Run("using", r"\.venv/bin/python scripts/train\.py --trainer foton --model mlp ", trained("foton"), TRAIN),
+    Run("using", r"\.venv/bin/python scripts/train\.py --trainer highway --highway-k 2 --model resnet ",
+        trained("highway"), TRAIN),
+    Run("using", r"\.venv/bin/python scripts/table\.py runs/highway-digits --plot k\.png$",
+        tabled("backprop", plot="k.png"), prepare=results_of("compare-digits", "highway-digits")),
+    Run("using", r"\.venv/bin/python scripts/bench\.py --suite residual$",
+        benched("backprop", "highway:k=0,path=batched", "highway:k=10,path=reference"),
+        BENCH + " --residual-depth 3 --widths 8 --batch-size 8"),
+    Run("using", r"\.venv/bin/python scripts/compare\.py --trainers backprop,ftbptt,dsf --model rnn_lm --task copy ",
+        comparison("compare-copy", "backprop", "ftbptt", "dsf"), COMPARE + " --hidden 16 --task-option delay=5"),
+    Run("using", r"\.venv/bin/python scripts/table\.py runs/foton-digits$", tabled("backprop"),
+        prepare=results_of("compare-digits", "foton-digits")),
+    # "Your own model"
+    Run("own", r"\.venv/bin/python scripts/train\.py --model my_models\.py:Net ", trained("backprop"), TRAIN,
+        prepare=write_my_models),
+    Run("own", r"\.venv/bin/python scripts/compare\.py --model my_models\.py:Net$",
+        comparison("compare-digits", "backprop", "dfa", "fa"), COMPARE),  # the trainers a plain module allows
+    Run("own", r"\.venv/bin/python scripts/train\.py --model torch\.nn:Linear ", trained("linear"), TRAIN),
+    # the installed command, as this checkout's trainers.cli.main
+    Run("installed", r"gradengines train --model my_models\.py:Net ", trained("backprop"), TRAIN,
+        prepare=write_my_models),
+    Run("installed", r"gradengines compare --trainers backprop,fa ", comparison("compare-digits", "backprop", "fa"),
+        COMPARE),
+    Run("installed", r"gradengines table runs$", tabled("backprop", "fa")),
+    # "Models from transformers and timm"
+    Run("bert", r"\.venv/bin/python scripts/compare\.py --model transformers:BertForTokenClassification ",
+        comparison("compare-copy", "backprop", "highway-k2", "fa", "dfa"), COMPARE),
+]
+
+DATA = "reads ../shared/data (outside the repository)"
+SKIPPED = {
+    r"bash scripts/setup\.sh( timm)?$": "builds a virtual environment from the network; the suite runs in .venv",
+    r"\.venv/bin/python -m pytest$": "the test suite itself",
+    r"\.venv/bin/python scripts/compare\.py$": (
+        "the default comparison, run in full (compare_main([])) by tests/test_cli.py::"
+        "test_default_compare_writes_runs_tags_table_and_png, which checks its five trainers, summary.md and figure"),
+    r"\.venv-timm/bin/python ": "needs .venv-timm (timm is not installed beside the project's torch)",
+    r"\.venv/bin/tensorboard ": "a server that runs until it is stopped",
+    r"\.venv/bin/python scripts/bench\.py --suite overhead$": (
+        "fixed sizes (a width-1024 MLP at batch 256): 4-6 s at the fewest --steps, --warmup and --rounds"),
+    r"bash scripts/foton_table\.sh ": "the FOTON table of BENCHMARKS.md: 144 runs of 30 epochs, no size flag",
+    r"bash scripts/highway_table\.sh ": "the Highway-BP tables of BENCHMARKS.md: 14 comparisons, no size flag",
+    r"bash scripts/foton_depth\.sh ": "the FOTON depth table of BENCHMARKS.md: ~8 minutes, no size flag",
+    r"bash scripts/dsf_bench\.sh cuda ": "needs a GPU",
+    r"EPOCHS=1 bash scripts/dsf_table\.sh ptb-sentences ": DATA,
+    r"\.venv/bin/python scripts/train\.py --trainer dsf .*--data-dir \.\./shared/data/ptb": DATA,
+    r"\.venv/bin/python scripts/train\.py --trainer highway .*--data-dir \.\./shared/data/ptb": DATA,
+    r"\.venv/bin/python scripts/compare\.py --model rnn_model\.py:RNNModel ": (
+        DATA + "; the same models on a tiny corpus: the Python block below it"),
+    r"\.venv/bin/python scripts/train\.py --model transformers:GPT2LMHeadModel ": DATA,
+    r"python -m venv env$": "a fresh environment installed from the network: tests/test_user_models.py installs "
+                            "the package into one (offline) and runs the four commands",
+    r"\. env/bin/activate$": "(the environment above)",
+    r"pip install ": "installs from the network (tests/test_user_models.py: pip install of this checkout)",
+    r"\.venv/bin/torchrun --standalone --nproc-per-node 2 scripts/(train|compare)\.py ": (
+        "2 processes of 7-10 s imports each; torchrun training is tested in tests/test_distributed.py"),
+    r"torchrun --nnodes 2 ": "two machines with 4 GPUs each",
+    r"\.venv/bin/python scripts/train\.py --trainer foton \.\.\. --batch-size 64 --resume$": (
+        "continues the 2-process torchrun run above (tests/test_distributed.py resumes one on 1 process)"),
+}
+
+PYTHON_BLOCKS = {  # the first line of each Python block: the test that runs it
+    "import models, tasks, trainers\n\ntask = tasks.build(\"digits\")": "test_the_api_example_trains_on_digits",
+    "import models, tasks, trainers\nfrom nanogpt import":
+        "test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_its_own_loss",
+    "net = nn.Sequential(": "test_the_layer_stack_example_trains_a_sequential_mlp_with_foton",
+    "class LanguageModel(nn.Module):": "test_the_gru_language_model_example_trains_with_dsf",
+    "gpt = GPT(GPTConfig(": "test_the_nanogpt_example_trains_with_highway_and_matches_backprop_at_full_k",
+    "retraction = models.retraction.CayleyRetraction(model)": "test_the_retraction_example_keeps_the_layers_orthogonal",
+    "@register_engine(\"myengine\")": "test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train",
+}
+
+
+def matches(patterns, command: Command) -> list[str]:
+    return [p for p in patterns if re.match(p, command.text)]
+
+
+def group_commands(group: str) -> list[tuple[Command, Run]]:
+    """The README commands of ``group``, in README order, each with its Run."""
+    runs = [r for r in RUNS if r.group == group]
+    found = [(c, r) for c in readme_commands() for r in runs if re.match(r.pattern, c.text)]
+    return sorted(found, key=lambda pair: pair[0].line)
+
+
+GROUPS = list(dict.fromkeys(r.group for r in RUNS))
+
+
+def group_id(group: str) -> str:
+    lines = [c.line for c, _ in group_commands(group)]
+    return f"README.md:{','.join(map(str, lines)) or '?'}-{group}"
+
+
+def test_every_readme_block_is_run_or_skipped_with_a_reason():
+    blocks = readme_blocks()
+    assert {b.lang for b in blocks} <= {"python", "bash", ""}, (
+        "a README block in another language: write ```python or ```bash so that this file runs it")
+    problems = []
+    for command in readme_commands():
+        claims = matches([r.pattern for r in RUNS], command) + matches(SKIPPED, command)
+        if len(claims) != 1:
+            problems.append(f"README.md:{command.line}: {command.text!r} is claimed by {len(claims)} entries of "
+                            f"RUNS and SKIPPED {claims} (run it in RUNS, or give the reason it cannot run in SKIPPED)")
+    for pattern in [r.pattern for r in RUNS] + list(SKIPPED):
+        if not any(re.match(pattern, c.text) for c in readme_commands()):
+            problems.append(f"{pattern!r} matches no README command: remove it or fix it")
+    for block in (b for b in blocks if b.lang == "python"):
+        claims = [test for first, test in PYTHON_BLOCKS.items() if block.code.startswith(first)]
+        if len(claims) != 1:
+            problems.append(f"README.md:{block.line}: the Python block {block.code.splitlines()[0]!r} is run by "
+                            f"{len(claims)} tests {claims}; add it to PYTHON_BLOCKS with a test that runs it")
+    for first, test in PYTHON_BLOCKS.items():
+        assert callable(globals().get(test)), f"PYTHON_BLOCKS names no test of this file: {test}"
+        if not any(b.code.startswith(first) for b in blocks if b.lang == "python"):
+            problems.append(f"PYTHON_BLOCKS: no README Python block begins with {first!r}")
+    assert not problems, "\n".join(problems)
+
+
+def invoke(argv: list[str]) -> int:
+    """What the command runs: ``scripts/X.py`` is ``trainers.cli.COMMANDS["X"]``, ``gradengines`` is
+    ``trainers.cli.main`` (the console script)."""
+    from trainers.cli import COMMANDS, main
+
+    if argv[0] in ("python", ".venv/bin/python") and re.fullmatch(r"scripts/\w+\.py", argv[1]):
+        return COMMANDS[Path(argv[1]).stem](argv[2:])
+    if argv[0] == "gradengines":
+        return main(argv[1:])
+    raise AssertionError(f"no way to run {argv}")
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=group_id)
+def test_readme_commands_run_at_reduced_size(group, tmp_path, monkeypatch, capsys):
+    from trainers.experiments import compare
+
+    # comparison.png is not drawn: 3-7 s a figure here; tests/test_cli.py draws the default comparison's
+    monkeypatch.setattr(compare, "plot_comparison", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a --model file's folder joins it (models/adapters/user.py)
+    commands = group_commands(group)
+    assert commands, f"no README command matches the group {group}"
+    monkeypatch.chdir(tmp_path)
+    previous: list[str] = []
+    for command, run in commands:
+        argv = [word for w in command.argv for word in (previous if w == "..." else [w])]
+        previous = argv[2:] if argv[0] != "gradengines" else argv[1:]
+        if run.prepare:
+            run.prepare(tmp_path)
+        code = invoke(argv + shlex.split(run.shrink))
+        out, err = capsys.readouterr()
+        where = f"README.md:{command.line}: {command.text} {run.shrink}"
+        assert code == 0, f"{where}\nexit code {code}\n{err[-3000:]}"
+        try:
+            run.check(tmp_path, out + err)
+        except Exception as failure:
+            raise AssertionError(f"{where}\n{type(failure).__name__}: {failure}\n{err[-3000:]}") from failure
+
+
+# --- the Python blocks -------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -172,3 +545,77 @@ def test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_i
     own = gpt(x, y)[1]
     assert models.call_model(gpt, x, y).loss == own  # the loss it returns, every position's logits
     assert models.call_model(gpt, x, y).outputs.shape == (4, x.shape[1], task.num_outputs)
+
+
+def digits_batches(n: int, batch: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    import tasks
+
+    train = tasks.build("digits").train
+    return [(train.inputs[i * batch:(i + 1) * batch], train.targets[i * batch:(i + 1) * batch]) for i in range(n)]
+
+
+def test_the_api_example_trains_on_digits(tmp_path, monkeypatch):
+    """As written: backprop on an 8-layer orthogonal MLP, its agreement with itself, then 10 epochs."""
+    monkeypatch.chdir(tmp_path)  # it writes runs/
+    torch.manual_seed(0)
+    scope: dict = {}
+    exec(example("import models, tasks, trainers\n\ntask = tasks.build(\"digits\")"), scope)  # noqa: S102
+    assert scope["report"]["global"] == pytest.approx(1.0) and math.isfinite(scope["out"].loss)
+    [result] = (tmp_path / "runs").rglob("result.json")
+    record = json.loads(result.read_text())
+    assert record["test"]["accuracy"] > 0.5, record  # ten epochs of digits learn (chance is 0.1)
+
+
+def test_the_layer_stack_example_trains_a_sequential_mlp_with_foton():
+    """An nn.Sequential MLP as a layer stack: FOTON fills net's .grad, Björck keeps the hidden layers orthogonal,
+    and the loss falls over 15 digits batches."""
+    torch.manual_seed(0)
+    loader = digits_batches(15)
+    scope = {"nn": nn, "torch": torch, "models": models, "trainers": trainers, "loader": loader}
+    x, y = torch.cat([b[0] for b in loader]), torch.cat([b[1] for b in loader])
+    setup, loop = example("net = nn.Sequential(").split("for x, y in loader:")
+    exec(setup, scope)  # noqa: S102 - the README's example, up to its loop
+    net = scope["net"]
+    before = F.cross_entropy(net(x), y).item()
+    exec("for x, y in loader:" + loop, scope)  # noqa: S102 - then its loop
+    assert F.cross_entropy(net(x), y).item() < before
+    assert all(p.grad is not None for p in net.parameters())
+    assert max(models.orthogonal.orthogonality_error(net[i].weight) for i in (0, 2)) < 1e-4
+
+
+def test_the_retraction_example_keeps_the_layers_orthogonal():
+    """The Cayley retraction in a plain loop: low-rank steps that move the weights and keep them orthogonal."""
+    import tasks
+
+    torch.manual_seed(0)
+    task = tasks.build("digits")
+    model = models.build("mlp", in_features=64, out_features=10, depth=3, width=64, orthogonal="retraction")
+    x, y = digits_batches(1)[0]
+    scope = {"models": models, "model": model, "engine": trainers.build_engine("backprop"), "x": x, "y": y,
+             "loss_fn": task.loss_fn, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+    hidden = model.layers[1].weight
+    before = hidden.detach().clone()
+    exec(example("retraction = models.retraction.CayleyRetraction(model)"), scope)  # noqa: S102
+    assert scope["retraction"].lowrank_steps > 0 and not torch.equal(hidden, before)
+    assert models.orthogonal.orthogonality_error(hidden) < 1e-5
+
+
+def test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train(monkeypatch):
+    """The "Adding an engine" skeleton with the imports an engine file has: registered under its name, its option
+    a flag, its check refusing a model that is not a residual stack in one line."""
+    from trainers.cli import base_parser
+    from trainers.core import registry
+    from trainers.core.engine import GradientEngine, StepOutput
+    from trainers.core.options import option
+    from trainers.core.protocols import ResidualStack, require
+
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))  # forgotten after the test
+    scope = {"dataclasses": dataclasses, "register_engine": registry.register_engine, "GradientEngine": GradientEngine,
+             "option": option, "require": require, "ResidualStack": ResidualStack, "StepOutput": StepOutput}
+    exec(example('@register_engine("myengine")'), scope)  # noqa: S102 - the README's example
+    engine = trainers.build_engine("myengine", k=3)
+    assert isinstance(engine, scope["MyEngine"]) and engine.options.k == 3
+    assert "--myengine-k" in base_parser("x").format_help()
+    engine.check(models.build("residual_mlp", in_features=4, out_features=2, depth=2, width=4))
+    with pytest.raises(trainers.IncompatibleModelError, match="trainer 'myengine' needs a residual stack"):
+        engine.check(models.build("mlp", in_features=4, out_features=2, depth=2, width=4))
