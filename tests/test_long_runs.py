@@ -59,7 +59,7 @@ def test_a_checkpoint_every_checkpoint_seconds_and_the_resume_says_where(task, t
     capsys.readouterr()
     resumed = one_second_steps(task, tmp_path, FakeClock(), checkpoint_seconds=3.0)
     assert resumed.fit(steps=12, resume=True)["steps"] == 12
-    assert (f"note: backprop seed 0: resuming from step 6 of 12 ({resumed.run_dir / 'checkpoint.pt'})"
+    assert (f"note: backprop seed 0: resuming from step 6 of 12 in {resumed.run_dir}"
             in capsys.readouterr().err.splitlines())
 
 

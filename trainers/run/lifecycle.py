@@ -76,8 +76,8 @@ def start(trainer, resumed, total: int) -> None:
     if resumed is not None:
         _restore(trainer, *resumed)
         if trainer.parallel.is_main:
-            note(f"{trainer.run_name} seed {trainer.cfg.seed}: resuming from step {trainer.step} of {total} "
-                 f"({trainer.files.checkpoint if trainer.files else 'its checkpoint'})")
+            note(f"{trainer.run_name} seed {trainer.cfg.seed}: resuming from step {trainer.step} of {total}"
+                 + (f" in {trainer.run_dir}" if trainer.run_dir is not None else ""))
         for change in resumed[1]:
             note(f"resuming at step {change['step']} with {change['option']} {change['to']} instead of "
                  f"{change['from']} (recorded in result.json)")
