@@ -1,9 +1,9 @@
 """Helpers shared by test files (import as ``from helpers import ...``; tests/ is on pytest's path).
 
 Gradients: ``engine_grads`` (one engine step, the grads by name), ``autograd_grads``, and the measures
-``relative``, ``max_relative`` and ``assert_same``. Data: ``write_tiny_ptb`` (a seeded word corpus) and
+``relative``, ``cosine``, ``max_relative`` and ``assert_same``. Data: ``write_tiny_ptb`` (a seeded word corpus) and
 ``write_ptb_text`` (given text). Models: nanoGPT's ``GPTConfig``, ``CausalSelfAttention``, ``MLP``,
-``Block`` and ``GPT``, as its model.py writes them. Time: ``FakeClock``, ``TimedBackprop``.
+``Block`` and ``GPT`` (its module names, shapes and forward contract). Time: ``FakeClock``, ``TimedBackprop``.
 """
 
 import dataclasses
@@ -41,6 +41,15 @@ def relative(a, b) -> float:
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
     num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
     return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
+
+
+def cosine(a, b) -> float:
+    """<a, b> / (|a| |b|) of two tensors, or of two gradient dicts with the same names read as one vector."""
+    if isinstance(b, dict):
+        assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+        a, b = torch.cat([a[k].flatten() for k in b]), torch.cat([b[k].flatten() for k in b])
+    a, b = a.flatten(), b.flatten()
+    return float(a @ b / (a.norm() * b.norm()))
 
 
 def max_relative(a: dict, b: dict) -> float:
