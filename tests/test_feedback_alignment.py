@@ -4,11 +4,11 @@ feedback is the forward weights, refusals, and checkpointed feedback."""
 import pytest
 import torch
 from engine_contract import EngineContract
+from helpers import cosine, relative
+from helpers import engine_grads as grads
 
 import models
 import trainers
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
 
 
 class TestFAContract(EngineContract):
@@ -35,11 +35,6 @@ def mlp(depth=3, width=5, activation="tanh", dropout=0.0, orthogonal=None):
 def batch():
     gen = torch.Generator().manual_seed(1)
     return torch.randn(16, 6, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
-
-
-def grads(model, engine, x, y):
-    engine.compute_grads(model, x, y, cross_entropy_loss)
-    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
 
 
 def by_hand(model, feedback, x, y, rule):
@@ -158,6 +153,12 @@ def zoo_cnn(name):
     return models.build(name, in_features=64, out_features=3, **options).double()
 
 
+def names_of(model, layer):
+    """The names of ``layer``'s trainable parameters in ``model`` (a parametrized weight's ``original`` too)."""
+    own = {id(p) for p in layer.parameters()}
+    return [name for name, p in trainers.trainable_parameters(model) if id(p) in own]
+
+
 def image_batch():
     gen = torch.Generator().manual_seed(1)
     return torch.randn(5, 64, generator=gen, dtype=torch.float64), torch.randint(0, 3, (5,), generator=gen)
@@ -209,6 +210,29 @@ def test_dfa_with_one_hidden_conv_layer_and_the_output_weights_as_feedback_is_ba
     got, exact = grads(model, dfa, x, y), grads(model, trainers.build_engine("backprop"), x, y)
     for name in exact:
         torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
+    drawn = grads(model, trainers.build_engine("dfa"), x, y)  # the contrast: drawn feedback is not backprop
+    for name in names_of(model, model.layers[0]):
+        assert relative(drawn[name], exact[name]) > 1e-1, name
+    for name in names_of(model, model.layers[1]):  # ... but the output layer's gradient still is
+        torch.testing.assert_close(drawn[name], exact[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("cnn", ["user", "ortho_convnet"])
+def test_dfa_on_a_cnn_with_two_hidden_layers_is_not_backprop_with_the_output_weights_as_feedback(cnn):
+    """The contrast to the one-hidden-layer identity above: D_2 = W_3 keeps the last hidden layer exact, but D_1
+    sends the error straight to layer 1, past A_2 and the activation between, so its gradient is not backprop's."""
+    model = user_cnn(hidden_linear=False) if cnn == "user" else zoo_cnn("ortho_convnet")
+    x, y = image_batch()
+    assert len(model.layers) == 3
+    dfa = trainers.build_engine("dfa", feedback_seed=3)
+    grads(model, dfa, x, y)  # draws D_1, D_2
+    state = dfa.state_dict()
+    dfa.load_state_dict({**state, "feedback": [state["feedback"][0], model.layers[2].linear.weight.detach().clone()]})
+    got, exact = grads(model, dfa, x, y), grads(model, trainers.build_engine("backprop"), x, y)
+    for name in names_of(model, model.layers[1]):  # the layer below the output: exact with D_2 = W_3
+        torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
+    for name in names_of(model, model.layers[0]):
+        assert cosine(got[name], exact[name]) < 0.9 and relative(got[name], exact[name]) > 1e-1, name
 
 
 @pytest.mark.parametrize("rule", ["fa", "dfa"])
