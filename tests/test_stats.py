@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainers.experiments.stats import Paired, holm, paired_test, summarize, t_cdf, t_quantile
+from trainers.experiments.stats import Paired, holm, median_interval, paired_test, summarize, t_cdf, t_quantile
 from trainers.experiments.verdict import (
     Units,
     default_target,
@@ -119,3 +119,13 @@ def test_exact_means_every_logged_cosine_at_one():
     assert is_exact([[{"grad/cosine_global": 1.0 - 1e-9}], [{"grad/cosine_global": 1.0}]])
     assert not is_exact([[{"grad/cosine_global": 0.999}]])
     assert not is_exact([[{"train/loss": 1.0}]])  # nothing logged: not claimed exact
+
+
+def test_the_medians_interval_by_order_statistics():
+    """n = 10: P(B <= 1) = 11/1024 <= 0.025 < P(B <= 2) = 56/1024, so x_(2)..x_(9); n = 30: x_(10)..x_(21) (the
+    binomial table); under 6 values no rank qualifies: min..max."""
+    assert median_interval([float(v) for v in range(10, 0, -1)]) == (2.0, 9.0)
+    assert median_interval([float(v) for v in range(1, 31)]) == (10.0, 21.0)
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    with pytest.raises(ValueError):
+        median_interval([])

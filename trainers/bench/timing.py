@@ -140,7 +140,7 @@ def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, devic
 
     Returns ``{name: {"step_ms": median over all timed calls, "ratio_to_baseline": median over
     rounds of (this block's median / the baseline's block median in the same round), "ratio_min",
-    "ratio_max", "ms_min", "ms_max" (the block medians' range, ms)}}``.
+    "ratio_max", "ratios" (each round's), "ms_min", "ms_max" (the block medians' range, ms)}}``.
     A burst of load slows every step of the rounds it covers alike, so the
     median ratio survives it; timing one step after another would put it on one of them.
     """
@@ -171,7 +171,8 @@ def time_round_robin(steps: dict, *, timed: int, rounds: int, warmup: int, devic
         ratios = [m / b for m, b in zip(medians, base, strict=True)]
         out[name] = {"step_ms": 1e3 * statistics.median(t for block in times[name] for t in block),
                      "ratio_to_baseline": statistics.median(ratios), "ratio_min": min(ratios),
-                     "ratio_max": max(ratios), "ms_min": 1e3 * min(medians), "ms_max": 1e3 * max(medians)}
+                     "ratio_max": max(ratios), "ratios": ratios, "ms_min": 1e3 * min(medians),
+                     "ms_max": 1e3 * max(medians)}
     return out
 
 

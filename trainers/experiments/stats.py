@@ -20,7 +20,8 @@ import math
 import statistics
 from typing import NamedTuple
 
-__all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "t_cdf", "t_quantile", "CONFIDENCE"]
+__all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "median_interval", "t_cdf", "t_quantile",
+           "CONFIDENCE"]
 
 CONFIDENCE = 0.95
 
@@ -147,3 +148,21 @@ def holm(pvalues: list[float]) -> list[float]:
         running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
         adjusted[i] = running
     return adjusted
+
+
+def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free interval of the median of ``values``: the order statistics x_(j) and x_(n+1-j) with j
+    the largest rank such that P(Binomial(n, 1/2) <= j - 1) <= (1 - confidence) / 2 (n = 30: x_(10), x_(21));
+    with too few values for that (n < 6 at 95%), their min and max."""
+    ordered, n = sorted(values), len(values)
+    if not ordered:
+        raise ValueError("median_interval: no values")
+    tail, j = 0.0, 0
+    while True:
+        tail += math.comb(n, j) / 2.0**n  # P(B <= j)
+        if tail > (1 - confidence) / 2:
+            break
+        j += 1
+    if j == 0:
+        return ordered[0], ordered[-1]
+    return ordered[j - 1], ordered[n - j]

@@ -18,6 +18,7 @@ import time
 from trainers.bench import machine_description, peak_step_memory_mb, time_round_robin
 from trainers.core.errors import NonFiniteLossError
 from trainers.core.threads import last_choice
+from trainers.experiments.stats import median_interval
 from trainers.run.progress import Progress
 from trainers.run.trainer import Trainer
 
@@ -41,7 +42,8 @@ def time_steps(setups: dict, reference: str, *, rounds: int = ROUNDS, warmup: in
     """Time the training step of each ``setups[trainer]`` (a fresh ``trainers.cli.Setup``) round-robin against
     ``setups[reference]`` (``progress``: lines on stderr as training's, every ``every`` seconds).
     Returns ``{"reference", "rounds", "warmup", "machine", "threads", "trainers":
-    {name: {"step_ms", "ratio", "ratio_min", "ratio_max", "ms_min", "ms_max", "batch_size", "peak_mb"}}}``
+    {name: {"step_ms", "ratio", "ratio_min", "ratio_max", "ratio_low", "ratio_high", "ms_min", "ms_max",
+    "batch_size", "peak_mb"}}}``; ratio_low..ratio_high: the 95% interval of the median ratio over rounds
     where ``step_ms`` = ratio x the reference's median step (the reference's: its median)."""
     names = [reference] + [t for t in setups if t != reference]
     steps, batches, device = {}, {}, None
@@ -65,6 +67,7 @@ def time_steps(setups: dict, reference: str, *, rounds: int = ROUNDS, warmup: in
         t = timed[name]
         out[name] = {"step_ms": base_ms * t["ratio_to_baseline"] if name != reference else base_ms,
                      "ratio": t["ratio_to_baseline"], "ratio_min": t["ratio_min"], "ratio_max": t["ratio_max"],
+                     **dict(zip(("ratio_low", "ratio_high"), median_interval(t["ratios"]), strict=True)),
                      "ms_min": t["ms_min"], "ms_max": t["ms_max"], "batch_size": batches[name],
                      "peak_mb": peak_step_memory_mb(steps[name], device)}
     threads = last_choice()

@@ -11,9 +11,10 @@ Two readings, each stated where it appears:
 They can disagree (another split, another stopping point); where a trainer's word differs between the two,
 the summary says so in a sentence. Each reading is one family of paired t-tests, corrected by Holm's step-down
 method (``trainers.experiments.stats.holm``): "ahead" or "behind" only where the Holm-adjusted p is below
-1 - ``CONFIDENCE``. At equal compute time a word must also survive the step timing's own spread: the verdict
-is recomputed with the trainer's compute time scaled to the smallest and largest ratio of the timing's rounds,
-and a word that changes there becomes "within noise", the margin said.
+1 - ``CONFIDENCE``. At equal compute time a word must also survive the step timing's own uncertainty: the
+verdict is recomputed with the trainer's compute time scaled to either end of the 95% interval of its timed
+median ratio (``trainers.experiments.stats.median_interval`` over the timing's rounds), and a word that changes
+there becomes "within noise", the margin said.
 """
 
 from __future__ import annotations
@@ -175,12 +176,17 @@ def _verdict_tests(results, metric, reference, key, higher_better, horizon: _Hor
     return tests
 
 
-def _ratio_spread(results: dict[str, list[dict]], run: str) -> tuple[float, float, float] | None:
-    """(ratio, min, max) of ``run``'s timed step over the timing's rounds, from its record (None: untimed)."""
+def _ratio_spread(results: dict[str, list[dict]], run: str) -> tuple[float, float, float, str] | None:
+    """(ratio, low, high, what they are) of ``run``'s timed step ratio from its record: the 95% interval of the
+    median over the timing's rounds (a timing recorded before it: the rounds' min..max); None: untimed."""
     timing = results[run][0]["report"].get("timing")
-    if not timing or not all(k in timing for k in ("ratio", "ratio_min", "ratio_max")):
+    if not timing or "ratio" not in timing:
         return None
-    return timing["ratio"], timing["ratio_min"], timing["ratio_max"]
+    if "ratio_low" in timing and "ratio_high" in timing:
+        return timing["ratio"], timing["ratio_low"], timing["ratio_high"], "the 95% interval of the timed median"
+    if "ratio_min" in timing and "ratio_max" in timing:
+        return timing["ratio"], timing["ratio_min"], timing["ratio_max"], "the timing's min..max over rounds"
+    return None
 
 
 def _margin_note(results, metric, reference, higher_better, family: list[_Test], test: _Test) -> tuple[str, bool]:
@@ -189,7 +195,7 @@ def _margin_note(results, metric, reference, higher_better, family: list[_Test],
     spread = _ratio_spread(results, test.run)
     if spread is None or test.paired is None:
         return "", True
-    ratio, low, high = spread
+    ratio, low, high, spread_text = spread
     nominal = verdict_word(test.paired, _adjusted_for(family, test, test.paired), higher_better)
     words = {}
     for moved in (low, high):
@@ -200,10 +206,10 @@ def _margin_note(results, metric, reference, higher_better, family: list[_Test],
         paired = paired_test(horizon.best[test.run], horizon.best[reference])
         words[moved] = verdict_word(paired, _adjusted_for(family, test, paired), higher_better)
     if all(w == nominal for w in words.values()):
-        return f"holds for step ratios {low:.3f}..{high:.3f}, the timing's spread over rounds", True
+        return f"holds for step ratios {low:.3f}..{high:.3f}, {spread_text}", True
     changes = ", ".join(f"{w} at ratio {r:.3f}" for r, w in words.items())
-    return (f"the word would change within the timing's spread ({changes}; {ratio:.3f} timed): not a difference "
-            f"the timing can carry", False)
+    return (f"the word would change within the step ratio's uncertainty ({changes}; {ratio:.3f} timed; "
+            f"{low:.3f}..{high:.3f} is {spread_text}): not a difference the timing can carry", False)
 
 
 def _adjusted_for(family: list[_Test], test: _Test, paired: Paired | None) -> float | None:
@@ -302,14 +308,16 @@ def timing_table(results: dict[str, list[dict]], timing: dict) -> tuple[str, lis
     and a note per run whose own median step differs from the timed one by more than the timing's spread over
     rounds (max - min of the round medians: the load changed between the timing and the training)."""
     reference = timing["reference"]
-    lines = [f"| run | batch | step ms (timed, round-robin) | ratio to {reference} [min..max over rounds] "
+    lines = [f"| run | batch | step ms (timed, round-robin) | ratio to {reference} (95% interval of the median) "
+             "[min..max over rounds] "
              "| one step's peak tensor memory, MB | step ms, the runs' own clock (median) |",
              "|---|---|---|---|---|---|"]
     notes = []
     for run, t in timing["trainers"].items():
         own = [h["time/step_ms"] for r in results.get(run, []) for h in r["history"] if "time/step_ms" in h]
         own_ms = statistics.median(own) if own else None
-        lines.append(f"| {run} | {t['batch_size']} | {t['step_ms']:.3f} | {t['ratio']:.3f} "
+        interval = f"({t['ratio_low']:.3f}..{t['ratio_high']:.3f}) " if "ratio_low" in t else ""
+        lines.append(f"| {run} | {t['batch_size']} | {t['step_ms']:.3f} | {t['ratio']:.3f} {interval}"
                      f"[{t['ratio_min']:.3f}..{t['ratio_max']:.3f}] | {t['peak_mb']:.2f} "
                      f"| {f'{own_ms:.3f}' if own_ms is not None else '-'} |")
         if own_ms is not None and abs(own_ms - t["step_ms"]) > t["ms_max"] - t["ms_min"]:
