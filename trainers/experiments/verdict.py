@@ -96,8 +96,10 @@ def verdict_line(trainer: str, reference: str, paired: Paired | None, metric: st
     difference in examples or tokens; ``holds`` False: the word does not survive ``margin`` (the step timing's
     spread), so within noise; a ``margin`` that holds is said too."""
     if exact:
-        return (f"- **{trainer}**: exact, its gradient equals {reference}'s (every logged gradient cosine within "
-                f"{EXACT_COSINE:g} of 1): the same training up to rounding, not a tie by chance.")
+        return (f"- **{trainer}**: exact in every logged check, its gradient equals {reference}'s (every logged "
+                f"gradient cosine within {EXACT_COSINE:g} of 1; a measurement at the logged steps, not a proof: an "
+                f"engine very close to {reference} passes it too): the same training up to rounding, not a tie by "
+                f"chance.")
     if paired is None:
         return f"- **{trainer}**: no seed in common with {reference}: not compared."
     sign = "+" if paired.difference >= 0 else "-"
