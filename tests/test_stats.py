@@ -1,12 +1,12 @@
 """Uncertainty over seeds (trainers/experiments/stats.py) and the verdict read from it
-(trainers/experiments/verdict.py), against
-hand-computed cases and Student-t table values."""
+(trainers/experiments/verdict.py), against hand-computed cases (Student-t table values) and SciPy."""
 
 import math
+import random
 
 import pytest
 
-from trainers.experiments.stats import Paired, holm, median_interval, paired_test, summarize, t_cdf, t_quantile
+from trainers.experiments.stats import Paired, holm, median_interval, paired_test, summarize
 from trainers.experiments.verdict import (
     Units,
     default_target,
@@ -18,16 +18,20 @@ from trainers.experiments.verdict import (
 )
 
 
-@pytest.mark.parametrize("df, t975", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)])
-def test_t_quantiles_match_the_table(df, t975):
-    assert t_quantile(0.975, df) == pytest.approx(t975, abs=1e-4)
-    assert t_cdf(t975, df) == pytest.approx(0.975, abs=1e-5)
-    assert t_cdf(0.0, df) == pytest.approx(0.5, abs=1e-12)
-    assert t_cdf(-t975, df) == pytest.approx(0.025, abs=1e-5)
+def test_the_t_test_and_intervals_match_scipys():
+    """paired_test is scipy.stats.ttest_rel (statistic, p-value, 95% interval of the mean difference) and
+    summarize's interval is scipy.stats.t.interval around the mean."""
+    from scipy import stats
 
-
-def test_t_with_many_degrees_of_freedom_is_normal():
-    assert t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-4)
+    gen = random.Random(3)
+    x = [gen.gauss(0.9, 0.02) for _ in range(5)]
+    ref = [v - gen.gauss(0.01, 0.01) for v in x]
+    ours, theirs = paired_test(dict(enumerate(x)), dict(enumerate(ref))), stats.ttest_rel(x, ref)
+    low, high = theirs.confidence_interval(0.95)
+    assert (ours.t, ours.p, ours.low, ours.high) == pytest.approx((theirs.statistic, theirs.pvalue, low, high),
+                                                                  rel=1e-12)
+    s = summarize(x)
+    assert (s.low, s.high) == pytest.approx(stats.t.interval(0.95, 4, loc=s.mean, scale=stats.sem(x)), rel=1e-12)
 
 
 def test_summary_and_confidence_interval_by_hand():

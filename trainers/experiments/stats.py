@@ -1,8 +1,7 @@
 """Uncertainty over seeds: mean, sample standard deviation, a 95% confidence interval, and a paired
 t-test of a trainer against the reference trainer over the seeds both ran (issue 21).
 
-Student's t distribution is computed here (no SciPy): its CDF through the regularized incomplete
-beta function, I_x(a, b) by Lentz's continued fraction, and its quantile by bisection on that CDF.
+Student's t distribution and the binomial are SciPy's (``scipy.stats``, installed with scikit-learn).
 
     t-test on the paired differences d_i = x_i - ref_i (same seed i), n = number of pairs:
     t = mean(d) / (sd(d) / sqrt(n)),  df = n - 1,  p = 2 P(T_df > |t|)
@@ -20,62 +19,11 @@ import math
 import statistics
 from typing import NamedTuple
 
-__all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "median_interval", "t_cdf", "t_quantile",
-           "CONFIDENCE"]
+from scipy import stats
+
+__all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "median_interval", "CONFIDENCE"]
 
 CONFIDENCE = 0.95
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        even = m * (b - m) * x / ((qam + m2) * (a + m2))
-        odd = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        for numerator in (even, odd):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (0 < p < 1), by bisection on :func:`t_cdf` (to 1e-12)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
-    low, high = -1e3, 1e3
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
-        if high - low < 1e-12:
-            break
-    return 0.5 * (low + high)
 
 
 class Summary(NamedTuple):
@@ -103,7 +51,7 @@ def summarize(values: list[float]) -> Summary:
     if len(values) == 1:
         return Summary(1, mean, None, None, None)
     std = statistics.stdev(values)
-    half = t_quantile(0.5 + CONFIDENCE / 2, len(values) - 1) * std / math.sqrt(len(values))
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(values) - 1)) * std / math.sqrt(len(values))
     return Summary(len(values), mean, std, mean - half, mean + half)
 
 
@@ -134,8 +82,8 @@ def paired_test(x: dict[int, float], reference: dict[int, float]) -> Paired | No
     df = len(d) - 1
     se = sd / math.sqrt(len(d))
     t = mean / se
-    half = t_quantile(0.5 + CONFIDENCE / 2, df) * se
-    return Paired(len(d), mean, mean - half, mean + half, t, 2.0 * (1.0 - t_cdf(abs(t), df)))
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
+    return Paired(len(d), mean, mean - half, mean + half, t, float(2.0 * stats.t.sf(abs(t), df)))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -157,11 +105,8 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tupl
     ordered, n = sorted(values), len(values)
     if not ordered:
         raise ValueError("median_interval: no values")
-    tail, j = 0.0, 0
-    while True:
-        tail += math.comb(n, j) / 2.0**n  # P(B <= j)
-        if tail > (1 - confidence) / 2:
-            break
+    j = 0  # the largest rank with P(B <= j - 1) <= (1 - confidence) / 2
+    while stats.binom.cdf(j, n, 0.5) <= (1 - confidence) / 2:
         j += 1
     if j == 0:
         return ordered[0], ordered[-1]
