@@ -5,6 +5,7 @@ import json
 import textwrap
 
 import pytest
+from helpers import engine_grads
 
 import models
 from trainers.cli import compare_main, train_main
@@ -220,14 +221,6 @@ def sequential(widths=(8, 6, 5, 3), act=None, dropout=0.0):
     return nn.Sequential(*parts).double()
 
 
-def grads_of(model, engine, x, y):
-    from tasks.base import cross_entropy_loss
-    from trainers.core.engine import trainable_parameters
-
-    engine.compute_grads(model, x, y, cross_entropy_loss)
-    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
-
-
 def test_foton_on_a_users_linear_narrowing_orthogonal_sequential_is_backprop():
     import torch
 
@@ -239,12 +232,46 @@ def test_foton_on_a_users_linear_narrowing_orthogonal_sequential_is_backprop():
     x = torch.randn(16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(stack(x), net(x), rtol=0, atol=0)  # the forward is the user's
-    exact = grads_of(stack, trainers.build_engine("backprop"), x, y)
-    foton = grads_of(stack, trainers.build_engine("foton"), x, y)
+    exact = engine_grads(stack, trainers.build_engine("backprop"), x, y)
+    foton = engine_grads(stack, trainers.build_engine("foton"), x, y)
     assert set(exact) == {"sequential.0.weight", "sequential.0.bias", "sequential.2.weight", "sequential.2.bias",
                           "sequential.4.weight", "sequential.4.bias"}
     for name in exact:
         torch.testing.assert_close(foton[name], exact[name], rtol=1e-10, atol=1e-12)
+
+
+def test_foton_on_a_users_tanh_sequential_is_its_own_rule_and_not_backprop():
+    """The contrast to the identity above: with tanh between the layers FOTON computes its rule, written out
+    here (e = softmax(y) - onehot, h~_0 = x - F e with F e = A_1^T A_2^T A_3^T e, h~_l = tanh(A_l h~_{l-1} + b_l),
+    G_l = (1/B) sum (h_l - h~_l) h_{l-1}^T), exact at the output layer and not backprop below it."""
+    import torch
+    from torch import nn
+
+    import trainers
+
+    net = sequential(act=nn.Tanh)
+    stack = models.layer_stack(net, orthogonal="bjorck")
+    x = torch.randn(16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2))
+    exact = engine_grads(stack, trainers.build_engine("backprop"), x, y)
+    foton = engine_grads(stack, trainers.build_engine("foton"), x, y)
+    (W1, b1), (W2, b2), (W3, b3) = ((layer.weight.detach(), layer.bias.detach()) for layer in stack.layers)
+    with torch.no_grad():
+        h1 = torch.tanh(x @ W1.T + b1)
+        h2 = torch.tanh(h1 @ W2.T + b2)
+        e = torch.softmax(h2 @ W3.T + b3, 1) - torch.nn.functional.one_hot(y, 3).double()
+        x_mod = x - e @ W3 @ W2 @ W1  # the minus sign: the modulated input moves against the error
+        d1 = h1 - torch.tanh(x_mod @ W1.T + b1)
+        d2 = h2 - torch.tanh((h1 - d1) @ W2.T + b2)
+    by_hand = {"sequential.0.weight": d1.T @ x / 16, "sequential.0.bias": d1.mean(0),
+               "sequential.2.weight": d2.T @ h1 / 16, "sequential.2.bias": d2.mean(0),
+               "sequential.4.weight": e.T @ h2 / 16, "sequential.4.bias": e.mean(0)}
+    for name in exact:
+        torch.testing.assert_close(foton[name], by_hand[name], rtol=1e-10, atol=1e-12, msg=name)
+        if name.startswith("sequential.4."):  # the output layer: backprop's
+            torch.testing.assert_close(foton[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
+        else:
+            assert (foton[name] - exact[name]).norm() > 1e-1 * exact[name].norm(), name
 
 
 def test_every_layer_stack_engine_trains_a_users_sequential_through_the_trainer():
