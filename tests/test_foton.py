@@ -4,12 +4,12 @@ that exactness, its three modes, and the Trainer integration."""
 import pytest
 import torch
 from engine_contract import EngineContract
+from helpers import cosine, engine_grads, relative
 
 import models
 import tasks
 import trainers
 from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
 from trainers.engines.backprop import Backprop
 from trainers.engines.foton import Foton
 
@@ -51,8 +51,7 @@ def narrowing_mlp(depth, *, d0=40, d_out=5, bias=True, activation="identity", or
 
 def grads(engine, model, x, y, seed=0):
     torch.manual_seed(seed)
-    engine.compute_grads(model, x, y, cross_entropy_loss)
-    return {n: p.grad.clone() for n, p in trainable_parameters(model)}
+    return engine_grads(model, engine, x, y)
 
 
 def batch(dtype=torch.float64, d0=40, classes=5, n=32, scale=3.0):
@@ -168,15 +167,36 @@ def test_scaled_hidden_layer_keeps_direction_and_scales_norm():
 
 
 def test_the_minus_sign_matters():
-    """x + F e instead of x - F e gives minus the gradient on hidden layers."""
+    """The engine's own sign, written out: h~_0 = h_0 - F e (F e = A_1^T .. A_L^T e), so on a linear stack
+    h_l - h~_l = A_l .. A_1 F e and G_l = (1/B) sum (h_l - h~_l) h_{l-1}^T, backprop's gradient (cosine +1);
+    the same engine with x + F e (a subclass) gives minus it on every hidden layer (cosine -1)."""
 
     class PlusFoton(Foton):
         sign = 1.0
 
     model = narrowing_mlp(4)
     x, y = batch()
-    report = trainers.gradient_agreement(model, PlusFoton(), x, y, cross_entropy_loss)
-    assert report["per_param"]["layers.1.weight"]["cosine"] == pytest.approx(-1.0, abs=1e-12)
+    with torch.no_grad():
+        h = [x]
+        for layer in model.layers[:-1]:
+            h.append(layer(h[-1]))  # identity activations
+        e = torch.softmax(model.layers[-1](h[-1]), 1) - torch.nn.functional.one_hot(y, 5).double()
+        fe = e
+        for layer in reversed(model.layers):
+            fe = fe @ layer.weight  # F e = A_1^T .. A_L^T e, one row per sample
+        modulated, by_hand = x - fe, {}  # the sign under test: h~_0 = h_0 - F e
+        for i, layer in enumerate(model.layers[:-1]):
+            modulated = layer(modulated)
+            d = h[i + 1] - modulated  # h_l - h~_l
+            by_hand[f"layers.{i}.weight"], by_hand[f"layers.{i}.bias"] = d.T @ h[i] / len(x), d.mean(0)
+    got = grads(Foton(), model, x, y)
+    for name, g in by_hand.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-10, atol=1e-13, msg=name)
+    own = trainers.gradient_agreement(model, Foton(), x, y, cross_entropy_loss)["per_param"]
+    plus = trainers.gradient_agreement(model, PlusFoton(), x, y, cross_entropy_loss)["per_param"]
+    for i in range(3):
+        assert own[f"layers.{i}.weight"]["cosine"] == pytest.approx(1.0, abs=1e-12)
+        assert plus[f"layers.{i}.weight"]["cosine"] == pytest.approx(-1.0, abs=1e-12)
 
 
 def test_temperature_convention():
@@ -233,21 +253,44 @@ def test_trains_digits_and_keeps_weights_orthogonal():
     assert cos and min(cos) > 1 - 1e-4  # the output layer is always exact
 
 
-@pytest.mark.parametrize("name, options", [("ortho_lenet", {}), ("ortho_lenet", {"orthogonal": "bjorck"}),
-                                           ("ortho_convnet", {"depth": 3})])
-@pytest.mark.parametrize("mode", ["difference", "lowmem"])
-def test_orthogonal_cnn_with_identity_activations_equals_backprop(name, options, mode):
+def orthogonal_cnn(name, options, activation):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         torch.manual_seed(0)
-        model = models.build(name, in_features=64, out_features=10, activation="identity", **options)
+        return models.build(name, in_features=64, out_features=10, activation=activation, **options)
     finally:
         torch.set_default_dtype(previous)
+
+
+CNNS = [("ortho_lenet", {}), ("ortho_lenet", {"orthogonal": "bjorck"}), ("ortho_convnet", {"depth": 3})]
+
+
+@pytest.mark.parametrize("name, options", CNNS)
+@pytest.mark.parametrize("mode", ["difference", "lowmem"])
+def test_orthogonal_cnn_with_identity_activations_equals_backprop(name, options, mode):
+    model = orthogonal_cnn(name, options, "identity")
     x, y = batch(d0=64, classes=10, n=16)
     got, ref = grads(Foton(mode=mode), model, x, y), grads(Backprop(), model, x, y)
     for key in ref:
         torch.testing.assert_close(got[key], ref[key], rtol=1e-10, atol=1e-12, msg=key)
+
+
+@pytest.mark.parametrize("name, options", CNNS)
+@pytest.mark.parametrize("mode", ["difference", "lowmem"])
+def test_orthogonal_cnn_with_tanh_is_not_backprop_below_the_output_layer(name, options, mode):
+    """The contrast to the identity above: with tanh the modulated pass is not backprop's chain. The output
+    layer stays exact; every hidden layer's gradient differs from backprop's, though it points the same way."""
+    model = orthogonal_cnn(name, options, "tanh")
+    x, y = batch(d0=64, classes=10, n=16)
+    got, ref = grads(Foton(mode=mode), model, x, y), grads(Backprop(), model, x, y)
+    top = {n for n, p in model.layers[-1].named_parameters(prefix=f"layers.{len(model.layers) - 1}")}
+    assert top and top < set(ref)
+    for key in ref:
+        if key in top:
+            torch.testing.assert_close(got[key], ref[key], rtol=1e-10, atol=1e-12, msg=key)
+        else:
+            assert relative(got[key], ref[key]) > 0.1 and cosine(got[key], ref[key]) > 0, key
 
 
 def test_dense_feedback_is_refused_for_convolutions():
