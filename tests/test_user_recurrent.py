@@ -4,12 +4,12 @@ DSF, FT-BPTT and Highway-BP have on the zoo."""
 
 import pytest
 import torch
+from helpers import assert_same, engine_grads, relative
 from torch import nn
 
 import models
 import trainers
 from tasks.base import sequence_cross_entropy
-from trainers.core.engine import trainable_parameters
 
 V, E, H, T = 11, 6, 5, 7
 
@@ -50,14 +50,7 @@ def batch():
 
 
 def grads(model, engine, x, y):
-    engine.compute_grads(model, x, y, sequence_cross_entropy)
-    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
-
-
-def assert_same(a, b, tol=1e-10):
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=tol, atol=tol * 1e-2, msg=name)
+    return engine_grads(model, engine, x, y, sequence_cross_entropy)
 
 
 @pytest.mark.parametrize("cell, batch_first", [(nn.GRU, False), (nn.GRU, True), (nn.LSTM, False), (nn.LSTM, True),
@@ -92,6 +85,17 @@ def test_tied_dsf_with_zero_recurrent_weights_is_bptt(cell):
     assert_same(grads(model, trainers.build_engine("dsf", feedback="tied"), x, y), exact)
 
 
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_tied_dsf_with_nonzero_recurrent_weights_is_not_bptt(cell):
+    """The contrast to the identity above: with W_hh != 0 the path through W_hh, which DSF's diagonal feedback
+    leaves out, carries part of the gradient through time."""
+    model = models.wrap_recurrent(user_model(cell))
+    x, y = batch()
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    tied = grads(model, trainers.build_engine("dsf", feedback="tied"), x, y)
+    assert relative(tied, exact) > 1e-2 and relative(tied["rnn.weight_hh_l0"], exact["rnn.weight_hh_l0"]) > 1e-2
+
+
 def test_ftbptt_is_dsf_with_a_zero_feedback_and_differs_from_bptt():
     model = models.wrap_recurrent(user_model())
     x, y = batch()
@@ -106,7 +110,24 @@ def test_highway_over_time_with_k_at_least_T_is_bptt(cell):
     model = models.wrap_recurrent(user_model(cell))
     x, y = batch()
     exact = grads(model, trainers.build_engine("backprop"), x, y)
-    assert_same(grads(model, trainers.build_engine("highway", k=T), x, y), exact)
+    for k in (T - 1, T):  # no path through T steps crosses more than T - 1 of them
+        assert_same(grads(model, trainers.build_engine("highway", k=k), x, y), exact)
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_highway_over_time_with_k_below_T_is_not_bptt_and_at_k0_is_its_own_rule(cell):
+    """The contrast to the identity above: k < T - 1 leaves out the paths through time that cross more than k
+    steps' W_hh, so every such k differs from BPTT. At k = 0 only the residual path K_t is left, as on the zoo:
+    on a GRU (K_t = z_t) that is DSF with the tied feedback; on an LSTM (the errors arrive on h, K carries c
+    only) it is FT-BPTT."""
+    model = models.wrap_recurrent(user_model(cell))
+    x, y = batch()
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    gaps = [relative(grads(model, trainers.build_engine("highway", k=k), x, y), exact) for k in range(T - 1)]
+    assert gaps[0] > 1e-2 and min(gaps) > 1e-8, gaps
+    name, options = ("dsf", {"feedback": "tied"}) if cell is nn.GRU else ("ftbptt", {})
+    assert_same(grads(model, trainers.build_engine("highway", k=0), x, y),
+                grads(model, trainers.build_engine(name, **options), x, y), tol=1e-12)
 
 
 def test_a_wrapped_model_trains_through_the_trainer_updating_the_users_parameters():
