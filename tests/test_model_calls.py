@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import GPT, GPTConfig, assert_same, autograd_grads, engine_grads, relative, write_tiny_ptb
 from torch import nn
 from torch.nn import functional as F
 
@@ -19,7 +20,6 @@ import models
 import trainers
 from models.adapters.calling import call_model
 from tasks.base import sequence_cross_entropy
-from trainers.core.engine import trainable_parameters
 
 V, E, H, T, B = 9, 5, 4, 6, 3
 
@@ -45,42 +45,6 @@ class RNNModel(nn.Module):
         weight = next(self.parameters())
         zeros = weight.new_zeros(self.nlayers, bsz, self.nhid)
         return (zeros, zeros.clone()) if self.rnn_type == "LSTM" else zeros
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd):
-        super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(n_embd), nn.Linear(n_embd, n_embd)
-        self.ln_2, self.mlp = nn.LayerNorm(n_embd), nn.Sequential(nn.Linear(n_embd, 2 * n_embd), nn.GELU(),
-                                                                  nn.Linear(2 * n_embd, n_embd))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """nanoGPT's module names and forward contract."""
-
-    def __init__(self, vocab_size=V, n_embd=8, n_layer=2, block_size=T):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList(Block(n_embd) for _ in range(n_layer)), ln_f=nn.LayerNorm(n_embd)))
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-
-    def forward(self, idx, targets=None):
-        t = self.transformer
-        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in t.h:
-            x = block(x)
-        x = t.ln_f(x)
-        if targets is not None:
-            logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        else:
-            logits, loss = self.lm_head(x[:, [-1], :]), None
-        return logits, loss
 
 
 class DictLM(nn.Module):
@@ -133,20 +97,7 @@ def batch(vocab=V, ignore=None):
 
 
 def grads(model, engine, x, y, loss_fn=sequence_cross_entropy):
-    engine.compute_grads(model, x, y, loss_fn)
-    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
-
-
-def autograd(model, loss):
-    params = [p for _, p in trainable_parameters(model)]
-    return {name: g for (name, _), g in zip(trainable_parameters(model),
-                                            torch.autograd.grad(loss, params), strict=True)}
-
-
-def assert_same(a, b, tol=1e-10):
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=tol, atol=tol * 1e-2, msg=name)
+    return engine_grads(model, engine, x, y, loss_fn)
 
 
 def rnn_model(rnn_type="LSTM", zero_recurrent=False):
@@ -173,7 +124,7 @@ def test_a_state_taking_rnn_is_called_with_a_fresh_state_and_read_back_batch_fir
     x, y = batch()
     want, loss = rnn_by_hand(model, x, y)
     torch.testing.assert_close(call_model(model, x, y).outputs, want, rtol=0, atol=0)
-    exact = autograd(model, loss)
+    exact = autograd_grads(model, loss)
     assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-12)
     models.wrap_recurrent(model)  # the recurrent engines' view: the same forward and gradients
     torch.testing.assert_close(call_model(model, x, y).outputs, want, rtol=1e-12, atol=1e-12)
@@ -184,7 +135,7 @@ def test_a_state_taking_rnn_is_called_with_a_fresh_state_and_read_back_batch_fir
 def test_highway_over_time_with_k_at_least_t_is_bptt_on_the_state_taking_rnn(rnn_type):
     model = models.wrap_recurrent(rnn_model(rnn_type))
     x, y = batch()
-    exact = autograd(model, rnn_by_hand(model, x, y)[1])
+    exact = autograd_grads(model, rnn_by_hand(model, x, y)[1])
     assert_same(grads(model, trainers.build_engine("highway", k=T), x, y), exact)
     approx = grads(model, trainers.build_engine("highway", k=1), x, y)
     assert (approx["rnn.weight_hh_l0"] - exact["rnn.weight_hh_l0"]).norm() > 1e-6
@@ -192,10 +143,14 @@ def test_highway_over_time_with_k_at_least_t_is_bptt_on_the_state_taking_rnn(rnn
 
 @pytest.mark.parametrize("rnn_type", ["LSTM", "GRU"])
 def test_tied_dsf_with_zero_recurrent_weights_is_bptt_on_the_state_taking_rnn(rnn_type):
+    """W_hh = 0 leaves the gate's path through time alone: tied DSF is BPTT; with W_hh != 0 it is not."""
     model = models.wrap_recurrent(rnn_model(rnn_type, zero_recurrent=True))
     x, y = batch()
-    exact = autograd(model, rnn_by_hand(model, x, y)[1])
+    exact = autograd_grads(model, rnn_by_hand(model, x, y)[1])
     assert_same(grads(model, trainers.build_engine("dsf", feedback="tied"), x, y), exact)
+    model = models.wrap_recurrent(rnn_model(rnn_type))  # the contrast: W_hh != 0, a path DSF's feedback leaves out
+    exact = autograd_grads(model, rnn_by_hand(model, x, y)[1])
+    assert relative(grads(model, trainers.build_engine("dsf", feedback="tied"), x, y), exact) > 1e-2
 
 
 def test_ftbptt_on_the_state_taking_rnn_is_the_unrolled_cell_with_the_state_detached():
@@ -211,14 +166,14 @@ def test_ftbptt_on_the_state_taking_rnn_is_the_unrolled_cell_with_the_state_deta
             outs.append(h)
         inputs = torch.stack(outs)
     loss = F.nll_loss(F.log_softmax(model.decoder(inputs).view(-1, V), dim=1), y.t().reshape(-1))
-    assert_same(grads(model, trainers.build_engine("ftbptt"), x, y), autograd(model, loss))
+    assert_same(grads(model, trainers.build_engine("ftbptt"), x, y), autograd_grads(model, loss))
 
 
 # ---- nanoGPT-style (logits, loss) ------------------------------------------------------------------
 
 def gpt():
     torch.manual_seed(0)
-    return GPT().double()
+    return GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=8)).double()
 
 
 def test_a_logits_loss_model_gets_its_targets_and_its_own_loss_on_request():
@@ -228,7 +183,7 @@ def test_a_logits_loss_model_gets_its_targets_and_its_own_loss_on_request():
     torch.testing.assert_close(call_model(model, x, y).outputs, logits, rtol=0, atol=0)  # every position
     assert call_model(model, x, y).loss is None  # the task's loss, unless declared
     x, y = batch()  # the task's loss must read the targets: it is compared with the model's on the first use
-    exact = autograd(model, model(x, y)[1])
+    exact = autograd_grads(model, model(x, y)[1])
     calls = []
 
     def task_loss(out, t):
@@ -303,7 +258,7 @@ def test_a_model_loss_given_unshifted_targets_is_the_tasks_and_trains_as_backpro
     torch.manual_seed(0)
     model = ShiftingLM().double()
     x, y = batch()
-    exact = autograd(model, sequence_cross_entropy(model(x)["logits"], y))
+    exact = autograd_grads(model, sequence_cross_entropy(model(x)["logits"], y))
     models.declare_call(model, loss="model", targets="labels+shift_labels")
     assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-6)  # own loss: float32
     model.seen.clear()
@@ -335,9 +290,10 @@ def test_highway_on_the_logits_loss_model_is_backprop_of_its_own_loss_at_full_k(
     model = gpt()
     x, y = batch()
     stack = gpt_stack(model, x, y)  # checked against the logits the model returns with targets
-    exact = autograd(model, model(x, y)[1])
-    highway = grads(stack, trainers.build_engine("highway", k=2 * len(model.transformer.h)), x, y)
-    assert_same({k.removeprefix("model."): v for k, v in highway.items()}, exact)
+    exact = autograd_grads(model, model(x, y)[1])
+    highway = engine_grads(stack, trainers.build_engine("highway", k=2 * len(model.transformer.h)), x, y,
+                           sequence_cross_entropy, strip="model.")
+    assert_same(highway, exact)
 
 
 def test_a_declaration_checked_without_targets_sees_the_last_position_only():
@@ -356,7 +312,7 @@ def test_dict_and_object_outputs_are_read_at_their_logits(cls):
     x, y = batch()
     logits = DictLM.forward(model, x)["logits"]
     torch.testing.assert_close(call_model(model, x, y).outputs, logits, rtol=0, atol=0)
-    exact = autograd(model, sequence_cross_entropy(logits, y))
+    exact = autograd_grads(model, sequence_cross_entropy(logits, y))
     assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-12)
     report = trainers.gradient_agreement(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
     assert report["global"] == pytest.approx(1.0, abs=1e-12)
@@ -416,14 +372,22 @@ def test_a_bad_declaration_is_one_line(field, value, expected):
 @pytest.fixture
 def model_file(tmp_path):
     import inspect
-    source = ("import dataclasses\nimport torch\nfrom torch import nn\nfrom torch.nn import functional as F\n\n"
-              f"V, E, H, T = {V}, {E}, {H}, {T}\n\n")
-    for obj in (RNNModel, Block, GPT, DictLM, Output, ObjectLM, CachedMaskLM):
+
+    import helpers
+
+    source = ("import dataclasses\nimport math\n\nimport torch\nfrom torch import nn\n"
+              f"from torch.nn import functional as F\n\nV, E, H, T = {V}, {E}, {H}, {T}\n\n")
+    for obj in (RNNModel, GPTConfig, helpers.CausalSelfAttention, helpers.MLP, helpers.Block, GPT, DictLM, Output,
+                ObjectLM, CachedMaskLM):
         source += ("@dataclasses.dataclass\n" if obj is Output else "") + inspect.getsource(obj) + "\n\n"
     source += textwrap.dedent(f'''
+        def nanogpt(vocab_size={V}):  # nanoGPT's GPT(config), sized by a factory
+            return GPT(GPTConfig(vocab_size=vocab_size, block_size={T}, n_layer=2, n_head=2, n_embd=8))
+
+
         def gpt_stack(vocab_size={V}):  # a declaration, not a wrapper: Highway-BP needs the residual path
             import models
-            model = GPT(vocab_size)
+            model = nanogpt(vocab_size)
             t = model.transformer
             idx = torch.zeros(2, {T}, dtype=torch.long)
             return models.residual_stack(
@@ -439,13 +403,8 @@ def model_file(tmp_path):
 @pytest.fixture
 def ptb(tmp_path):
     """A tiny PTB-format word corpus of 7 words (+ <unk>, <eos>: V = 9)."""
-    gen = torch.Generator().manual_seed(0)
-    words = "the cat sat on a mat ran".split()
-    for name, lines in (("ptb.train.txt", 60), ("ptb.valid.txt", 12), ("ptb.test.txt", 12)):
-        ids = torch.randint(0, len(words), (lines, 6), generator=gen).tolist()
-        (tmp_path / name).write_text("".join(" ".join(words[i] for i in line) + "\n" for line in ids))
-    return ["--task", "ptb-word", "--data-dir", str(tmp_path), "--task-option", f"seq_len={T}", "--steps", "2",
-            "--progress", "false", "--experiment", "e", "--logdir", str(tmp_path / "runs")]
+    return ["--task", "ptb-word", "--data-dir", str(write_tiny_ptb(tmp_path)), "--task-option", f"seq_len={T}",
+            "--steps", "2", "--progress", "false", "--experiment", "e", "--logdir", str(tmp_path / "runs")]
 
 
 def result(ptb, run):
@@ -454,7 +413,7 @@ def result(ptb, run):
 
 @pytest.mark.parametrize("model, trainers_, call", [
     ("RNNModel", ["backprop", "dsf", "ftbptt", "highway"], ["layout=time_first"]),
-    ("GPT", ["backprop"], ["loss=model"]),
+    ("nanogpt", ["backprop"], ["loss=model"]),
     ("gpt_stack", ["highway"], []),
     ("DictLM", ["backprop"], []),
     ("ObjectLM", ["backprop"], []),
@@ -492,7 +451,7 @@ def test_the_command_line_refuses_what_it_cannot_call_in_one_line(model_file, pt
 def test_a_resume_under_another_declared_call_is_refused_in_one_line(model_file, ptb, capsys):
     from trainers.cli import train_main
 
-    flags = ["--model", f"{model_file}:GPT", "--checkpoint-every", "1", *ptb]
+    flags = ["--model", f"{model_file}:nanogpt", "--checkpoint-every", "1", *ptb]
     assert train_main([*flags, "--model-call", "loss=model"]) == 0
     capsys.readouterr()
     assert train_main([*flags, "--steps", "3", "--resume"]) == 2  # the later --steps wins
