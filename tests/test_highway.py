@@ -13,6 +13,7 @@ import pytest
 import test_dsf
 import torch
 from engine_contract import EngineContract
+from helpers import engine_grads, max_relative
 
 import models
 import trainers
@@ -150,15 +151,6 @@ def test_tolerance_stops_early_and_cap_holds():
 # ---- the engine on the zoo, float64 --------------------------------------------------------
 
 
-def grads_of(model, engine, x, y, loss_fn):
-    engine.compute_grads(model, x, y, loss_fn)
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def max_rel_diff(a, b):
-    return max(((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-300)).item() for n in b)
-
-
 def image_model(variant, depth=8):
     torch.manual_seed(0)
     return models.build("resnet", in_features=64, out_features=4, depth=depth, width=4, variant=variant).double()
@@ -196,11 +188,11 @@ ZOO = ["residual_mlp", "resnet_preact", "resnet_post", "gpt", "rnn_lm_gru", "rnn
 @pytest.mark.parametrize("path", ["batched", "reference"])
 def test_k_at_least_L_is_backprop(name, path):
     model, x, y, loss, L = zoo_case(name)
-    ref = grads_of(model, trainers.build_engine("backprop"), x, y, loss)
+    ref = engine_grads(model, trainers.build_engine("backprop"), x, y, loss)
     for k in (L, L + 3):
-        got = grads_of(model, trainers.build_engine("highway", k=k, path=path), x, y, loss)
-        assert max_rel_diff(got, ref) < 1e-10
-    assert max_rel_diff(grads_of(model, trainers.build_engine("highway", k=0, path=path), x, y, loss), ref) > 1e-4
+        got = engine_grads(model, trainers.build_engine("highway", k=k, path=path), x, y, loss)
+        assert max_relative(got, ref) < 1e-10
+    assert max_relative(engine_grads(model, trainers.build_engine("highway", k=0, path=path), x, y, loss), ref) > 1e-4
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -208,18 +200,18 @@ def test_k_at_least_L_is_backprop(name, path):
 def test_batched_path_equals_reference_path(name, mode):
     model, x, y, loss, L = zoo_case(name)
     for k in (0, 1, 2):
-        a = grads_of(model, trainers.build_engine("highway", k=k, mode=mode, path="batched"), x, y, loss)
-        b = grads_of(model, trainers.build_engine("highway", k=k, mode=mode, path="reference"), x, y, loss)
-        assert max_rel_diff(a, b) < 1e-12, k
+        a = engine_grads(model, trainers.build_engine("highway", k=k, mode=mode, path="batched"), x, y, loss)
+        b = engine_grads(model, trainers.build_engine("highway", k=k, mode=mode, path="reference"), x, y, loss)
+        assert max_relative(a, b) < 1e-12, k
 
 
 @pytest.mark.parametrize("name", ["resnet_post", "rnn_lm_gru"])
 @pytest.mark.parametrize("scan", ["hillis_steele", "chunked"])
 def test_scan_forms_agree_on_the_zoo(name, scan):
     model, x, y, loss, _ = zoo_case(name)
-    a = grads_of(model, trainers.build_engine("highway", k=2, scan="sequential"), x, y, loss)
-    b = grads_of(model, trainers.build_engine("highway", k=2, scan=scan), x, y, loss)
-    assert max_rel_diff(a, b) < 1e-12
+    a = engine_grads(model, trainers.build_engine("highway", k=2, scan="sequential"), x, y, loss)
+    b = engine_grads(model, trainers.build_engine("highway", k=2, scan=scan), x, y, loss)
+    assert max_relative(a, b) < 1e-12
 
 
 @pytest.mark.parametrize("name", ["residual_mlp", "resnet_post", "gpt"])
@@ -228,11 +220,11 @@ def test_top_blocks_exact_after_k(name, k):
     """Block i's parameters use w_i, exact once k >= L - i: the top k + 1 blocks (and the head)
     are exact, the block below is not."""
     model, x, y, loss, L = zoo_case(name)
-    ref = grads_of(model, trainers.build_engine("backprop"), x, y, loss)
-    got = grads_of(model, trainers.build_engine("highway", k=k), x, y, loss)
+    ref = engine_grads(model, trainers.build_engine("backprop"), x, y, loss)
+    got = engine_grads(model, trainers.build_engine("highway", k=k), x, y, loss)
     for i, block in enumerate(model.blocks, start=1):
         names = [f"blocks.{i - 1}.{n}" for n, p in block.named_parameters()]
-        diff = max_rel_diff({n: got[n] for n in names}, {n: ref[n] for n in names})
+        diff = max_relative({n: got[n] for n in names}, {n: ref[n] for n in names})
         if i >= L - k:
             assert diff < 1e-10, (i, diff)
         elif i == L - k - 1:
@@ -332,8 +324,8 @@ def test_gpt_k0_closed_form_and_gamma_invariance():
         L = 4
         for i in range(L + 1):
             torch.testing.assert_close(w[i], (1 - gamma) ** (L - i) * w[L], rtol=1e-14, atol=0)
-        ref = grads_of(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
-        assert max_rel_diff(grads_of(model, trainers.build_engine("highway", k=L), x, y, sequence_cross_entropy),
+        ref = engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
+        assert max_relative(engine_grads(model, trainers.build_engine("highway", k=L), x, y, sequence_cross_entropy),
                             ref) < 1e-10
 
 
@@ -346,31 +338,31 @@ def test_gamma_one_is_fpi():
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 9, (2, 5), generator=gen), torch.randint(0, 9, (2, 5), generator=gen)
     for k in (0, 1, 2):
-        a = grads_of(gpt(1.0), trainers.build_engine("highway", k=k), x, y, sequence_cross_entropy)
-        b = grads_of(gpt(0.2), trainers.build_engine("highway", k=k, mode="fpi"), x, y, sequence_cross_entropy)
-        assert max_rel_diff(a, b) < 1e-12
+        a = engine_grads(gpt(1.0), trainers.build_engine("highway", k=k), x, y, sequence_cross_entropy)
+        b = engine_grads(gpt(0.2), trainers.build_engine("highway", k=k, mode="fpi"), x, y, sequence_cross_entropy)
+        assert max_relative(a, b) < 1e-12
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_fpi_k0_is_ftbptt_on_rnns(cell):
     model, x, y, loss, _ = zoo_case(f"rnn_lm_{cell}")
-    a = grads_of(model, trainers.build_engine("highway", k=0, mode="fpi"), x, y, loss)
-    b = grads_of(model, trainers.build_engine("ftbptt"), x, y, loss)
-    assert max_rel_diff(a, b) < 1e-12
+    a = engine_grads(model, trainers.build_engine("highway", k=0, mode="fpi"), x, y, loss)
+    b = engine_grads(model, trainers.build_engine("ftbptt"), x, y, loss)
+    assert max_relative(a, b) < 1e-12
 
 
 def test_adaptive_k_logged_and_equal_to_fixed_k():
     model, x, y, loss, L = zoo_case("rnn_lm_gru")
     engine = trainers.build_engine("highway", k=L, tol=1e-3)
-    adaptive = grads_of(model, engine, x, y, loss)
+    adaptive = engine_grads(model, engine, x, y, loss)
     metrics = engine.metrics()
     used = metrics["highway_k"]
     assert used < L and metrics["highway_delta"] <= 1e-3  # two layers, each stopped early
-    at_used = grads_of(model, trainers.build_engine("highway", k=int(used)), x, y, loss)
-    assert used == int(used) and max_rel_diff(adaptive, at_used) < 1e-12  # what a fixed k = used computes
+    at_used = engine_grads(model, trainers.build_engine("highway", k=int(used)), x, y, loss)
+    assert used == int(used) and max_relative(adaptive, at_used) < 1e-12  # what a fixed k = used computes
     assert engine.metrics().keys() == {"highway_k", "highway_delta"}
     fixed = trainers.build_engine("highway", k=L)
-    grads_of(model, fixed, x, y, loss)
+    engine_grads(model, fixed, x, y, loss)
     assert fixed.metrics() == {"highway_k": L - 1}  # no path crosses more than T - 1 steps
 
 
@@ -390,12 +382,33 @@ def test_dropout_falls_back_to_the_reference_path_and_is_exact_at_k_L():
     model = models.build("residual_mlp", in_features=6, out_features=3, depth=3, width=5, dropout=0.3).double()
     x, y = torch.randn(10, 6, dtype=torch.float64), torch.randint(0, 3, (10,))
     torch.manual_seed(5)
-    ref = grads_of(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss)
+    ref = engine_grads(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss)
     torch.manual_seed(5)
-    got = grads_of(model, trainers.build_engine("highway", k=3), x, y, cross_entropy_loss)
-    assert max_rel_diff(got, ref) < 1e-10
+    got = engine_grads(model, trainers.build_engine("highway", k=3), x, y, cross_entropy_loss)
+    assert max_relative(got, ref) < 1e-10
     with pytest.raises(RuntimeError):  # a recompute under vmap cannot redraw the same masks
         trainers.build_engine("highway", k=3, path="batched").compute_grads(model, x, y, cross_entropy_loss)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_dropout_with_k_below_L_is_not_backprop_and_the_top_k_plus_one_blocks_are_exact(k):
+    """The contrast to the test above, under the same masks: below k = L the stem and the block below the top
+    k + 1 get w^k, not the exact error, while the top k + 1 blocks and the head are exact (T2)."""
+    torch.manual_seed(0)
+    model = models.build("residual_mlp", in_features=6, out_features=3, depth=3, width=5, dropout=0.3).double()
+    x, y, L = torch.randn(10, 6, dtype=torch.float64), torch.randint(0, 3, (10,)), 3
+    torch.manual_seed(5)
+    ref = engine_grads(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss)
+    torch.manual_seed(5)
+    got = engine_grads(model, trainers.build_engine("highway", k=k), x, y, cross_entropy_loss)
+    stem = [n for n in ref if n.startswith("stem.")]
+    assert max_relative({n: got[n] for n in stem}, {n: ref[n] for n in stem}) > 1e-4
+    for i in range(1, L + 1):
+        names = [n for n in ref if n.startswith(f"blocks.{i - 1}.")]
+        diff = max_relative({n: got[n] for n in names}, {n: ref[n] for n in names})
+        assert (diff < 1e-10) if i >= L - k else (diff > 1e-3) if i == L - k - 1 else True, (i, diff)
+    assert max_relative({n: got[n] for n in ref if n.startswith("head")},
+                        {n: ref[n] for n in ref if n.startswith("head")}) < 1e-10
 
 
 # ---- zoo -----------------------------------------------------------------------------------
@@ -509,12 +522,15 @@ def test_trainer_trains_resnet_on_digits_and_logs_k(tmp_path):
 
     rc = train_main(["--model", "resnet", "--depth", "8", "--width", "4", "--trainer", "highway",
                      "--highway-k", "1", "--highway-tol", "0.5", "--steps", "12", "--batch-size", "32",
-                     "--logdir", str(tmp_path)])
+                     "--lr", "0.03", "--logdir", str(tmp_path)])
     assert rc == 0
     (metrics,) = tmp_path.rglob("metrics.jsonl")
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     ks = [r["engine/highway_k"] for r in rows if "engine/highway_k" in r]
     assert ks and all(0 <= k <= 1 for k in ks)
+    (result,) = tmp_path.rglob("result.json")
+    record = json.loads(result.read_text())  # it trained: 12 steps take 10 classes well above chance
+    assert record["final_val"]["loss"] < 0.8 * math.log(10) and record["test"]["accuracy"] > 0.3, record["test"]
 
 
 @pytest.mark.parametrize("shape", ["rnn_lm", "rnn_block_lm"])
@@ -530,29 +546,29 @@ def test_k0_exact_when_the_time_jacobian_is_its_gate(shape, cell):
                 layer.rnn.weight_hh_l0.zero_()
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 11, (3, 7), generator=gen), torch.randint(0, 11, (3, 7), generator=gen)
-    ref = grads_of(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
+    ref = engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
     for path in ("batched", "reference"):
-        got = grads_of(model, trainers.build_engine("highway", k=0, path=path), x, y, sequence_cross_entropy)
-        assert max_rel_diff(got, ref) < 1e-10  # W_hh's gradient too
-    assert max_rel_diff(grads_of(model, trainers.build_engine("ftbptt"), x, y, sequence_cross_entropy), ref) > 1e-3
+        got = engine_grads(model, trainers.build_engine("highway", k=0, path=path), x, y, sequence_cross_entropy)
+        assert max_relative(got, ref) < 1e-10  # W_hh's gradient too
+    assert max_relative(engine_grads(model, trainers.build_engine("ftbptt"), x, y, sequence_cross_entropy), ref) > 1e-3
 
 
 @pytest.mark.parametrize("shape", ["rnn_lm", "rnn_block_lm"])
 def test_k0_on_a_gru_is_dsf_with_the_tied_feedback(shape):
     """w^0 = CumSumProd(e, z_{t+1}) is DSF's g_t = e_t + z_{t+1} g_{t+1}: two engines, one number."""
     model, x, y, loss, _ = zoo_case(f"{shape}_gru")
-    a = grads_of(model, trainers.build_engine("highway", k=0), x, y, loss)
-    b = grads_of(model, trainers.build_engine("dsf", feedback="tied"), x, y, loss)
-    assert max_rel_diff(a, b) < 1e-12
+    a = engine_grads(model, trainers.build_engine("highway", k=0), x, y, loss)
+    b = engine_grads(model, trainers.build_engine("dsf", feedback="tied"), x, y, loss)
+    assert max_relative(a, b) < 1e-12
 
 
 def test_k0_on_an_lstm_is_ftbptt():
     """The paper's LSTM split (K = [0; f] on [h; c]): the errors arrive on the h half only and K
     carries nothing along h, so k = 0 gives no gradient through time; from k = 1 it does."""
     model, x, y, loss, _ = zoo_case("rnn_lm_lstm")
-    ft = grads_of(model, trainers.build_engine("ftbptt"), x, y, loss)
-    assert max_rel_diff(grads_of(model, trainers.build_engine("highway", k=0), x, y, loss), ft) < 1e-12
-    assert max_rel_diff(grads_of(model, trainers.build_engine("highway", k=1), x, y, loss), ft) > 1e-3
+    ft = engine_grads(model, trainers.build_engine("ftbptt"), x, y, loss)
+    assert max_relative(engine_grads(model, trainers.build_engine("highway", k=0), x, y, loss), ft) < 1e-12
+    assert max_relative(engine_grads(model, trainers.build_engine("highway", k=1), x, y, loss), ft) > 1e-3
 
 
 class TestHighwayRecurrentContract(test_dsf.TestDSFContract):
