@@ -1,12 +1,10 @@
 """A user's residual networks declared with models.residual_stack: a nanoGPT-style Transformer and
 a ResNet-style MLP written with nn.Sequential; in float64, Highway-BP's identities as on the zoo."""
 
-import math
-
 import pytest
 import torch
+from helpers import GPT, GPTConfig, engine_grads, relative
 from torch import nn
-from torch.nn import functional as F
 
 import models
 import trainers
@@ -16,67 +14,24 @@ from trainers.core.engine import trainable_parameters
 V, C, T, N_LAYER = 13, 8, 6, 2
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn, self.c_proj, self.n_head = nn.Linear(C, 3 * C), nn.Linear(C, C), 2
-
-    def forward(self, x):
-        B, T_, _ = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T_, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
-        att = att.masked_fill(torch.ones(T_, T_, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-        return self.c_proj((att @ v).transpose(1, 2).reshape(B, T_, C))
+def nanogpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=N_LAYER, n_head=2, n_embd=C)).double()
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(C), CausalSelfAttention(), nn.LayerNorm(C), MLP()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """nanoGPT's layout: transformer.{wte, wpe, h, ln_f}, lm_head."""
-
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
-                                              h=nn.ModuleList(Block() for _ in range(N_LAYER)), ln_f=nn.LayerNorm(C)))
-        self.lm_head = nn.Linear(C, V, bias=False)
-
-    def embed(self, idx):
-        return self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1]))
-
-    def forward(self, idx):
-        x = self.embed(idx)
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
+def embed(gpt):
+    """nanoGPT's stem, the residual stream's start: token and position embeddings (its dropout is off)."""
+    return lambda idx: gpt.transformer.wte(idx) + gpt.transformer.wpe(torch.arange(idx.shape[1]))
 
 
 def gpt_stack(gamma=0.0):
-    torch.manual_seed(0)
-    gpt = GPT().double()
+    gpt = nanogpt()
     idx = torch.randint(0, V, (3, T), generator=torch.Generator().manual_seed(1))
-    stack = models.residual_stack(
-        gpt, stem=gpt.embed,
-        blocks=[pair for b in gpt.transformer.h for pair in ((b.ln_1, b.attn), (b.ln_2, b.mlp))],
-        head=lambda h: gpt.lm_head(gpt.transformer.ln_f(h)), gamma=gamma, example=idx)
     targets = torch.randint(0, V, (3, T), generator=torch.Generator().manual_seed(2))
+    stack = models.residual_stack(
+        gpt, stem=embed(gpt),
+        blocks=[pair for b in gpt.transformer.h for pair in ((b.ln_1, b.attn), (b.ln_2, b.mlp))],
+        head=lambda h: gpt.lm_head(gpt.transformer.ln_f(h)), gamma=gamma, example=(idx, targets))
     return gpt, stack, idx, targets, sequence_cross_entropy
 
 
@@ -101,30 +56,28 @@ def mlp_stack():
 CASES = {"nanogpt": gpt_stack, "nanogpt gamma 0.2": lambda: gpt_stack(0.2), "sequential resnet": mlp_stack}
 
 
-def grads(model, engine, x, y, loss):
-    engine.compute_grads(model, x, y, loss)
-    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("path", ["reference", "batched"])
 def test_highway_with_k_at_least_the_depth_is_backprop_on_a_users_model(case, path):
     user, stack, x, y, loss = CASES[case]()
-    torch.testing.assert_close(stack(x), user(x), rtol=1e-12, atol=1e-12)  # the user's forward
+    torch.testing.assert_close(stack(x), models.call_model(user, x, y).outputs, rtol=1e-12, atol=1e-12)  # its forward
     assert [p for p in stack.parameters()] == [p for p in user.parameters()]
-    exact = grads(stack, trainers.build_engine("backprop"), x, y, loss)
+    exact = engine_grads(stack, trainers.build_engine("backprop"), x, y, loss)
     n = len(stack.blocks)
-    got = grads(stack, trainers.build_engine("highway", k=n, path=path), x, y, loss)
+    got = engine_grads(stack, trainers.build_engine("highway", k=n, path=path), x, y, loss)
     for name in exact:
         torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
+    # the contrast on the same path: k = 0 keeps the residual path alone, not backprop
+    assert relative(engine_grads(stack, trainers.build_engine("highway", k=0, path=path), x, y, loss), exact) > 1e-3
 
 
-def test_after_k_iterations_the_top_k_plus_one_sublayers_are_exact_on_nanogpt():
+@pytest.mark.parametrize("path", ["reference", "batched"])
+def test_after_k_iterations_the_top_k_plus_one_sublayers_are_exact_on_nanogpt(path):
     user, stack, x, y, loss = gpt_stack()
-    exact = grads(stack, trainers.build_engine("backprop"), x, y, loss)
+    exact = engine_grads(stack, trainers.build_engine("backprop"), x, y, loss)
     n = len(stack.blocks)
     for k in range(n - 1):
-        got = grads(stack, trainers.build_engine("highway", k=k, path="reference"), x, y, loss)
+        got = engine_grads(stack, trainers.build_engine("highway", k=k, path=path), x, y, loss)
         top = {id(p) for block in list(stack.blocks)[n - k - 1:] for p in block.parameters()}
         names = {name for name, p in trainable_parameters(stack) if id(p) in top}
         assert names and all(torch.allclose(got[nm], exact[nm], rtol=1e-10, atol=1e-12) for nm in names), k
@@ -134,12 +87,11 @@ def test_after_k_iterations_the_top_k_plus_one_sublayers_are_exact_on_nanogpt():
 
 
 def test_a_declaration_that_is_not_the_models_forward_is_refused_in_one_line():
-    torch.manual_seed(0)
-    gpt = GPT().double()
+    gpt = nanogpt()
     idx = torch.randint(0, V, (2, T))
     with pytest.raises(models.ModelConfigError) as err:  # the MLP sublayers forgotten: another function
-        models.residual_stack(gpt, stem=gpt.embed, blocks=[(b.ln_1, b.attn) for b in gpt.transformer.h],
-                              head=lambda h: gpt.lm_head(gpt.transformer.ln_f(h)), example=idx)
+        models.residual_stack(gpt, stem=embed(gpt), blocks=[(b.ln_1, b.attn) for b in gpt.transformer.h],
+                              head=lambda h: gpt.lm_head(gpt.transformer.ln_f(h)), example=(idx, idx))
     assert "do not compute the model's forward on the example" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(models.ModelConfigError, match=r"blocks\[0\] must be a module"):
-        models.residual_stack(gpt, stem=gpt.embed, blocks=[lambda h: h], head=gpt.lm_head)
+        models.residual_stack(gpt, stem=embed(gpt), blocks=[lambda h: h], head=gpt.lm_head)
