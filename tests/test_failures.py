@@ -369,6 +369,66 @@ class Payload:
     def __init__(self, command):
         self.command = command
 
+@pytest.mark.parametrize("plant", ["a numpy object array", "a raw pickle"])
+def test_what_the_safe_loader_refuses_is_unsafe_like_a_raw_pickle_and_never_skipped(finished, capsys, plant):
+    """A torch zip checkpoint that weights-only loading refuses for the types it holds (an object array: its
+    objects are pickles) is refused as unsafe, exit 2, as a raw pickle is: not called damaged and skipped for
+    the previous checkpoint."""
+    import pickle
+
+    import numpy
+
+    rdir = run_dir(finished)
+    (rdir / "result.json").unlink()
+    ckpt = rdir / "checkpoint.pt"
+    if plant == "a raw pickle":
+        ckpt.write_bytes(pickle.dumps({"step": 1}))
+    else:
+        torch.save({"x": numpy.array([1, "a"], dtype=object)}, ckpt)
+    with pytest.raises(trainers.core.errors.UnsafeCheckpointError):
+        checkpoint.load_checkpoint(ckpt)
+    before = snapshot(finished)
+    code, err = run(capsys, *TINY, "--steps", "10", "--checkpoint-every", "2", "--logdir", finished, "--resume")
+    line = one_error(code, err)
+    assert line.startswith(f"error: checkpoint {ckpt} ") and "damaged" not in line, line
+    assert line.endswith("; refused without loading it (loading it could run code)"), line
+    if plant == "a numpy object array":
+        assert "holds a pickled object (numpy.dtypes.ObjectDType), not only tensors and plain values" in line
+    assert snapshot(finished) == before  # the previous checkpoint was not used: nothing trained
+
+
+def test_the_newest_good_checkpoint_is_the_previous_after_a_fallback_until_the_next_save(finished, capsys):
+    rdir = run_dir(finished)
+    (rdir / "checkpoint.pt").write_bytes(b"garbage")
+    files = RunDirectory(rdir)
+    assert files.load()["step"] == 6 and files.newest == rdir / "checkpoint.prev.pt"
+    capsys.readouterr()
+    files.save(checkpoint.load_checkpoint(rdir / "checkpoint.prev.pt"))
+    assert files.newest == rdir / "checkpoint.pt"
+
+
+def test_a_checkpoint_that_is_a_directory_is_refused_before_training(finished, capsys):
+    """checkpoint.pt made a directory: no checkpoint can be written there (a rename cannot replace a directory),
+    so the run is refused in one line, exit 2, before it trains (it fell back to checkpoint.prev.pt, trained,
+    then failed saying the last checkpoint was kept at checkpoint.pt, the directory); with --overwrite, and a
+    plain rerun, alike. Once it is moved away, the resume continues from the previous checkpoint."""
+    rdir = run_dir(finished)
+    (rdir / "result.json").unlink()
+    (rdir / "checkpoint.pt").unlink()
+    (rdir / "checkpoint.pt").mkdir()
+    (rdir / "checkpoint.pt" / "kept.txt").write_text("the user's")
+    before = snapshot(finished)
+    for more in (["--resume"], ["--overwrite"], []):
+        code, err = run(capsys, *TINY, "--steps", "10", "--checkpoint-every", "2", "--logdir", finished, *more)
+        assert one_error(code, err) == (f"error: {rdir / 'checkpoint.pt'} is a directory, not a file: the run cannot "
+                                        f"write its checkpoint.pt there; move or remove that directory, then run "
+                                        f"again"), more
+        assert snapshot(finished) == before
+    (rdir / "checkpoint.pt").rename(tmp := rdir.parent / "moved")
+    run_cli_ok(capsys, finished, "--steps", "10", "--resume")
+    assert checkpoint.load_checkpoint(rdir / "checkpoint.pt")["step"] == 10 and (tmp / "kept.txt").exists()
+
+
     def __reduce__(self):
         return os.system, (self.command,)
 
@@ -386,7 +446,8 @@ def test_a_logdir_that_is_a_file_unwritable_or_read_only_is_one_line_exit_2(tmp_
             raise OSError(code_, os.strerror(code_), str(self))
         monkeypatch.setattr(Path, "mkdir", refused)  # (tests may run as root, which chmod does not stop)
         code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "ro")
-        assert one_error(code, err) == f"error: {tmp_path / 'ro' / 'e' / 'backprop' / 'seed0'}: {os.strerror(code_)}"
+        assert one_error(code, err) == (f"error: {tmp_path / 'ro' / 'e' / 'backprop' / 'seed0'}: "
+                                        f"{os.strerror(code_)}; choose another --logdir")
     assert not (tmp_path / "ro").exists()
 
 
@@ -394,6 +455,39 @@ def test_a_logdir_that_is_a_file_unwritable_or_read_only_is_one_line_exit_2(tmp_
 def test_a_full_disk_during_training_is_one_line_exit_1_and_keeps_the_last_checkpoint(where, tmp_path, capsys,
                                                                                         monkeypatch):
     logdir = tmp_path / "runs"
+def test_a_full_disk_before_the_start_is_one_line_naming_the_path_exit_2(tmp_path, capsys, monkeypatch):
+    """ENOSPC where the run directory is made, and where the lock takes its pid (a failed write() names no
+    file: the message must); nothing trains, and once there is room the same command runs."""
+    full = os.strerror(errno.ENOSPC)
+    rdir = run_dir(tmp_path / "runs")
+
+    def no_room(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, full, str(self))
+    monkeypatch.setattr(Path, "mkdir", no_room)
+    code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "runs")
+    assert one_error(code, err) == f"error: {rdir}: {full}; free space on that disk, or choose another --logdir"
+    monkeypatch.undo()
+
+    real_write, pid = os.write, f"{os.getpid()}\n".encode()
+
+    def write(fd, data):
+        if data == pid:  # the lock's pid: the run directory's first bytes
+            raise OSError(errno.ENOSPC, full)
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", write)
+    code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "runs")
+    monkeypatch.undo()
+    assert one_error(code, err) == (f"error: {rdir / '.lock'}: {full}; free space on that disk, or choose another "
+                                    f"--logdir")
+    assert sorted(p.name for p in rdir.iterdir()) == [".lock"]
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(OSError) as raised:  # from Python: the disk's errno and the path
+        RunDirectory(rdir).acquire()
+    monkeypatch.undo()
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(rdir / ".lock"))
+    assert run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "runs")[0] == 0  # the lock was let go
+
+
     calls = {"n": 0}
     if where == "checkpoint":  # the 3rd checkpoint write fails as on a full disk
         real = checkpoint.write_atomic

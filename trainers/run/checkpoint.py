@@ -124,7 +124,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 NUMPY_ARRAY_GLOBALS = [importlib.import_module("numpy._core.multiarray")._reconstruct, np.ndarray, np.dtype,
                        type(np.dtype(np.uint32))]
 
-_FORBIDDEN = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
+# how torch's weights-only unpickler refuses a type it does not allow (a name it would import, an object it would
+# build or create): what the checkpoint holds is not plain, not that its bytes are damaged
+_FORBIDDEN = re.compile(r"unsupported GLOBAL ([\w.]+)|allowlisted via `add_safe_globals`,? but got <class '([\w.]+)'>",
+                        re.IGNORECASE)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
@@ -155,9 +158,10 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, UnpicklingError, ... on bad bytes
         forbidden = _FORBIDDEN.search(str(err))
         if forbidden:
+            name = forbidden.group(1) or forbidden.group(2)
             raise UnsafeCheckpointError(
-                f"checkpoint {path} holds a pickled object ({forbidden.group(1)}), not only tensors and plain "
-                f"values; refused without loading it (loading it could run code)") from None
+                f"checkpoint {path} holds a pickled object ({name}), not only tensors and plain values; refused "
+                f"without loading it (loading it could run code)") from None
         reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
         raise DamagedCheckpointError(f"checkpoint {path} is damaged ({reason})") from None
     if not isinstance(state, dict) or "step" not in state:

@@ -15,7 +15,10 @@ releases it when the process dies, even by ``kill -9``); a second writer is
 refused in one line naming the holder's pid. Every file is written atomically
 (``trainers.run.checkpoint.write_atomic``) with one mode (``0o666`` less the umask);
 temporary files left by a killed writer are removed when the next one takes
-the lock.
+the lock. A directory where one of the run's files goes is refused before the
+run starts (a rename cannot replace it, so nothing could be written there), and
+a disk that refuses the directory or its lock (full, read-only) is one line
+naming the path.
 
 Resuming checks the checkpoint against the run being resumed (``check_resume``):
 the trainer, its options, the task and the model must be the same, and so must
@@ -78,13 +81,17 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ lock
     def acquire(self) -> None:
-        """Create the directory and take its lock; ``RunBusyError`` if another process holds it."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Create the directory and take its lock; ``RunBusyError`` if another process holds it, an ``OSError``
+        naming the path and what to do if the disk refuses (full, read-only, not writable)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _cannot_write(err, self.path) from None
         try:  # O_NOFOLLOW: a link planted at .lock is refused, never followed and truncated
             fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as err:
             if err.errno != errno.ELOOP:
-                raise
+                raise _cannot_write(err, self.path / LOCK) from None
             raise ConfigError(f"{self.path / LOCK} is a symbolic link (to {os.readlink(self.path / LOCK)}); a run's "
                               f"lock must be a plain file, and nothing outside the run is written: remove the "
                               f"link") from None
@@ -95,11 +102,18 @@ class RunDirectory:
             os.close(fd)
             raise RunBusyError(f"{self.path} is being written by another process (pid {holder}); wait for it to "
                                f"finish, or choose another {spell('run_name')}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as err:  # a file system without locks
+            os.close(fd)
+            raise _cannot_write(err, self.path / LOCK) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())  # a full disk fails here first, and names no file
+            for tmp in self.path.glob(f".*{TEMP_SUFFIX}"):  # left by a writer that was killed mid-write
+                tmp.unlink(missing_ok=True)
+        except OSError as err:
+            os.close(fd)  # and with it the lock: a later try in this process is not refused as busy
+            raise _cannot_write(err, self.path / LOCK) from None
         self._lock_fd = fd
-        for tmp in self.path.glob(f".*{TEMP_SUFFIX}"):  # left by a writer that was killed mid-write
-            tmp.unlink(missing_ok=True)
 
     def release(self) -> None:
         if self._lock_fd is not None:
@@ -133,6 +147,10 @@ class RunDirectory:
         ``("fresh", None)`` (earlier files cleared), ``("resume", (checkpoint, changes))``, or ``("done", report)``
         for a finished run resumed with no more steps. Raises why it may not start."""
         self.acquire()
+        for name in RUN_FILES:  # a file is replaced by a rename, which cannot replace a directory
+            if (self.path / name).is_dir() and not (self.path / name).is_symlink():
+                raise ConfigError(f"{self.path / name} is a directory, not a file: the run cannot write its {name} "
+                                  f"there; move or remove that directory, then run again")
         if resume:
             state = self.load()
             if state is not None:
@@ -161,6 +179,12 @@ class RunDirectory:
         self._newest_damaged = False
         return path
 
+    @property
+    def newest(self) -> Path:
+        """The file that holds the newest good checkpoint: ``checkpoint.prev.pt`` after ``load`` fell back from a
+        damaged ``checkpoint.pt``, until ``save`` replaces that; ``checkpoint.pt`` otherwise."""
+        return self.previous if self._newest_damaged else self.checkpoint
+
     def load(self) -> dict | None:
         """The newest readable checkpoint (None if there is none).
 
@@ -187,6 +211,14 @@ class RunDirectory:
             raise DamagedCheckpointError(f"no readable checkpoint in {self.path}: {'; '.join(problems)}; "
                                          f"{spell('overwrite')} starts the run afresh")
         return None
+
+
+def _cannot_write(err: OSError, path: Path) -> OSError:
+    """``err``, raised before the run started, as one line: the path (a failed ``write()`` names none), why, and
+    what to do. Its errno and type stay (a ``PermissionError`` stays one)."""
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+    advice = f"{'free space on that disk, or ' if full else ''}choose another {spell('logdir')}"
+    return OSError(err.errno, f"{err.strerror or err}; {advice}", err.filename or str(path))
 
 
 def _holder(fd: int, wait_s: float = 1.0) -> str:
