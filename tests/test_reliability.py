@@ -151,6 +151,27 @@ def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys):
     assert all(f"{folder / 'result.json'} is damaged" in err for folder in planted.values())
 
 
+@pytest.mark.parametrize("damaged", [1, 2])
+def test_a_table_of_only_damaged_records_says_they_were_found(tmp_path, capsys, damaged):
+    """table.py where every result.json is damaged: each is named, and the error counts them rather than saying
+    there were none (it said "no result.json below"); an empty folder still says there are none."""
+    from trainers.cli import table_main
+
+    for i in range(damaged):
+        folder = tmp_path / "runs" / "e" / f"r{i}" / "seed0"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_bytes(DAMAGED["truncated"])
+    assert table_main([str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    files = "1 result.json file" if damaged == 1 else f"{damaged} result.json files"
+    assert err[-1] == (f"error: found {files} below {tmp_path / 'runs'}, but none could be read (each is named "
+                       f"above); rerun those runs, or point at another folder")
+    assert len(err) == damaged + 1 and all(" is damaged (" in line for line in err[:-1]), err  # each named once
+    (tmp_path / "empty").mkdir()
+    assert table_main([str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == f"error: no result.json below {tmp_path / 'empty'}\n"
+
+
 def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsys):
     from trainers.cli import table_main
 

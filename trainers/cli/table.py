@@ -1,13 +1,12 @@
 """``table``: a Markdown table (and a figure) of finished runs' results (``scripts/table.py``,
 ``gradengines table``)."""
 
-
+from pathlib import Path
 
 from trainers.cli.args import OneLineParser
 from trainers.cli.process import run_cli
-from trainers.core.errors import (
-    DataError,
-)
+from trainers.core.errors import DataError
+from trainers.run.records import read_records
 
 __all__ = ["table_main"]
 
@@ -28,7 +27,7 @@ def table_main(argv=None, prog: str | None = None) -> int:
     def main():
         rows = collect_results(args.root)
         if not rows:
-            raise DataError(f"no result.json below {args.root}")
+            raise DataError(_nothing_to_table(args.root))
         columns = args.columns.split(",") if args.columns else None
         print(pivot_table(rows, value=args.value, columns=columns), end="")
         if args.plot:
@@ -40,3 +39,14 @@ def table_main(argv=None, prog: str | None = None) -> int:
 
     return run_cli(main)
 
+
+def _nothing_to_table(root) -> str:
+    """Why no row came from ``root``: no result.json at all, none readable (each was noted), or only tuning trials'."""
+    paths = sorted(Path(root).rglob("result.json"))
+    if not paths:
+        return f"no result.json below {root}"
+    found = f"found {len(paths)} result.json file{'s' if len(paths) > 1 else ''} below {root}"
+    if not read_records(paths):  # read once already: the damaged ones were named then, and are not again
+        return f"{found}, but none could be read (each is named above); rerun those runs, or point at another folder"
+    return f"{found}, only of tuning trials, which the table leaves out; point at a folder of comparisons or " \
+           f"training runs"
