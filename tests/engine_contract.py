@@ -10,10 +10,12 @@ and overrides ``make_models`` if the engine needs particular models.
 
 import pytest
 import torch
+from helpers import cosine, engine_grads
 
 import models
 import trainers
 from tasks.base import cross_entropy_loss
+from trainers.engines.backprop import Backprop
 
 
 def toy_batch(n=32, d=12, classes=4, seed=0, dtype=torch.float32):
@@ -122,8 +124,22 @@ class EngineContract:
         state = {k: v.clone() for k, v in model.state_dict().items()}
         rng = torch.get_rng_state()
         report = trainers.gradient_agreement(model, self.engine(), x, y, cross_entropy_loss)
-        assert -1.0 <= report["global"] <= 1.0 + 1e-9
         assert set(report["per_param"]) == {n for n, _ in trainers.trainable_parameters(model)}
         for k, v in model.state_dict().items():
             assert torch.equal(v, state[k])
         assert torch.equal(torch.get_rng_state(), rng)
+        # the cosines it reports are those of the engine's and backprop's grads from the same RNG state (masks)
+        grads = []
+        for engine in (self.engine(), Backprop()):
+            model.load_state_dict(state)
+            torch.set_rng_state(rng)
+            grads.append({n: g.double() for n, g in engine_grads(model, engine, x, y).items()})
+        model.load_state_dict(state)
+        assert report["global"] == pytest.approx(cosine(*grads), abs=1e-12)
+        for name, stats in report["per_param"].items():
+            if grads[0][name].norm() > 0 and grads[1][name].norm() > 0:
+                assert stats["cosine"] == pytest.approx(cosine(grads[0][name], grads[1][name]), abs=1e-12), name
+        # ... and backprop's agreement with itself is 1, with the same masks
+        torch.set_rng_state(rng)
+        assert trainers.gradient_agreement(model, Backprop(), x, y, cross_entropy_loss)["global"] == pytest.approx(
+            1.0, abs=1e-12)
