@@ -3,6 +3,7 @@
 import pytest
 import torch
 from engine_contract import EngineContract, toy_batch
+from helpers import engine_grads
 
 import models
 import trainers
@@ -40,12 +41,11 @@ def float64_models():
 def test_backprop_equals_loss_backward(name):
     model = float64_models()[name].double()
     x, y = toy_batch(dtype=torch.float64)
-    Backprop().compute_grads(model, x, y, cross_entropy_loss)
-    engine_grads = {n: p.grad.clone() for n, p in trainable_parameters(model)}
+    got = engine_grads(model, Backprop(), x, y)
     model.zero_grad(set_to_none=True)
     cross_entropy_loss(model(x), y).backward()
     for n, p in trainable_parameters(model):
-        torch.testing.assert_close(engine_grads[n], p.grad, rtol=1e-12, atol=1e-14, msg=n)
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-12, atol=1e-14, msg=n)
 
 
 def test_unused_parameters_get_zero_grads():
@@ -77,8 +77,7 @@ def test_different_masks_would_disagree():
     x, y = toy_batch(dtype=torch.float64)
     grads = []
     for _ in range(2):
-        Backprop().compute_grads(model, x, y, cross_entropy_loss)
-        grads.append({n: p.grad.clone() for n, p in trainable_parameters(model)})
+        grads.append(engine_grads(model, Backprop(), x, y))
     report = trainers.compare_grads(*grads)
     assert report["global"] < 0.999
 
@@ -88,6 +87,9 @@ def test_wrong_engine_is_detected_by_name():
     model = models.build("mlp", in_features=12, out_features=4, depth=3, width=8).double()
     x, y = toy_batch(dtype=torch.float64)
     report = trainers.gradient_agreement(model, ScaledWrongBackprop(), x, y, cross_entropy_loss)
+    exact = engine_grads(model, Backprop(), x, y)
+    first, total = exact["layers.0.weight"].norm() ** 2, sum(g.norm() ** 2 for g in exact.values())
+    assert report["global"] == pytest.approx(float(1 - 2 * first / total), abs=1e-12)  # one block's sign flipped
     assert report["global"] < 1.0 - 1e-3
     assert report["per_param"]["layers.0.weight"]["cosine"] == pytest.approx(-1.0, abs=1e-12)
     assert report["per_param"]["layers.0.weight"]["rel_error"] == pytest.approx(2.0, abs=1e-12)
