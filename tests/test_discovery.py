@@ -6,6 +6,7 @@ the combine found and its Jacobian factor K agree with a hand computation at k =
 
 import pytest
 import torch
+from helpers import autograd_grads, engine_grads, relative
 from torch import nn
 from torch.nn import functional as F
 
@@ -13,7 +14,6 @@ import models
 import trainers
 from models.adapters.discovery import ResidualFound
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.engine import trainable_parameters
 
 V, T, B = 11, 6, 3
 
@@ -175,20 +175,9 @@ FOUND = {"nanogpt": "3 blocks (Block in transformer.h) as 6 residual sublayers: 
 DEPTH = {"nanogpt": 6, "resnet": 2, "bert": 4}  # the longest segment
 
 
-def autograd_grads(model, loss):
-    named = trainable_parameters(model)
-    return dict(zip((n for n, _ in named), torch.autograd.grad(loss, [p for _, p in named]), strict=True))
-
-
-def engine_grads(model, engine, x, y, loss_fn):
-    engine.compute_grads(model, x, y, loss_fn)
-    return {n.removeprefix("model."): p.grad.clone() for n, p in trainable_parameters(model)}
-
-
-def relative(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
-    return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
+def stack_grads(stack, engine, x, y, loss_fn):
+    """The engine's grads on a stack, named as its model's parameters (without ``model.``)."""
+    return engine_grads(stack, engine, x, y, loss_fn, strip="model.")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -197,9 +186,9 @@ def test_the_structure_found_is_said_and_highway_at_full_k_is_backprop(case):
     stack = models.residual_stack(model, example=x)
     assert isinstance(stack, ResidualFound) and stack.found == FOUND[case]
     exact = autograd_grads(model, loss_fn(model(x), y))
-    assert relative(engine_grads(stack, trainers.build_engine("highway", k=DEPTH[case]), x, y, loss_fn),
+    assert relative(stack_grads(stack, trainers.build_engine("highway", k=DEPTH[case]), x, y, loss_fn),
                     exact) < 1e-12
-    assert relative(engine_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn), exact) > 1e-3
+    assert relative(stack_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn), exact) > 1e-3
 
 
 @pytest.mark.parametrize("case", ["nanogpt", "bert"])
@@ -210,7 +199,7 @@ def test_what_the_stem_passes_the_blocks_is_rebuilt_for_each_batch(case):
     x2[1, -1] = 0
     y2 = torch.randint(0, V, (2, T - 2)) if case == "nanogpt" else torch.tensor([2, 0])
     exact = autograd_grads(model, loss_fn(model(x2), y2))
-    got = engine_grads(stack, trainers.build_engine("highway", k=DEPTH[case]), x2, y2, loss_fn)
+    got = stack_grads(stack, trainers.build_engine("highway", k=DEPTH[case]), x2, y2, loss_fn)
     assert relative(got, exact) < 1e-12  # a causal mask or padding mask of the example would not fit
 
 
@@ -236,7 +225,7 @@ def test_the_found_nanogpt_stack_is_the_hand_declared_one():
     assert len(found.blocks) == len(hand.blocks) == 6
     for k in (0, 1, 2):  # the same split gives the same approximate gradient, not only the same exact one
         engine = trainers.build_engine("highway", k=k)
-        assert relative(engine_grads(found, engine, x, y, loss_fn), engine_grads(hand, engine, x, y, loss_fn)) < 1e-12
+        assert relative(stack_grads(found, engine, x, y, loss_fn), stack_grads(hand, engine, x, y, loss_fn)) < 1e-12
 
 
 def test_highway_k0_on_relu_blocks_carries_the_relu_masks_to_the_stem():
@@ -267,7 +256,7 @@ def test_highway_k0_on_relu_blocks_carries_the_relu_masks_to_the_stem():
     w0 = w2 * (h1 + z2 > 0) * (h0 + z1 > 0)
     params = [p for m in stem for p in m.parameters()]
     expected = torch.autograd.grad(model.act1(model.bn1(model.conv1(x))), params, w0)
-    engine_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn)
+    stack_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn)
     for p, g in zip(params, expected, strict=True):
         torch.testing.assert_close(p.grad, g, rtol=1e-12, atol=1e-14)
 
@@ -293,7 +282,7 @@ def test_highway_k0_on_post_ln_blocks_carries_gamma_over_sigma_to_the_stem():
     w0 = e * torch.stack(scales).prod(0)
     params = [*model.embed.parameters(), *model.norm.parameters()]
     expected = torch.autograd.grad(model.norm(model.embed(x)), params, w0)
-    engine_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn)
+    stack_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn)
     for p, g in zip(params, expected, strict=True):
         torch.testing.assert_close(p.grad, g, rtol=1e-12, atol=1e-14)
 
@@ -305,7 +294,7 @@ def test_batchnorm_in_training_mode_is_exact_and_updated_once_per_step():
     reference = randomised(ResNet().double()).train()
     reference.load_state_dict(model.state_dict())
     exact = autograd_grads(reference, loss_fn(reference(x), y))
-    got = engine_grads(stack, trainers.build_engine("highway", k=2), x, y, loss_fn)
+    got = stack_grads(stack, trainers.build_engine("highway", k=2), x, y, loss_fn)
     assert relative(got, exact) < 1e-12
     for (name, a), b in zip(model.named_buffers(), reference.buffers(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14, msg=name)  # the stem's statistics once
@@ -316,9 +305,9 @@ def test_gamma_splits_the_found_residual_as_the_paper():
     plain, split = models.residual_stack(model, example=x), models.residual_stack(model, example=x, gamma=0.2)
     assert split.found.endswith("6 0.8 h + z")
     exact = autograd_grads(model, loss_fn(model(x), y))
-    assert relative(engine_grads(split, trainers.build_engine("highway", k=6), x, y, loss_fn), exact) < 1e-12
+    assert relative(stack_grads(split, trainers.build_engine("highway", k=6), x, y, loss_fn), exact) < 1e-12
     k1 = trainers.build_engine("highway", k=1)
-    assert relative(engine_grads(split, k1, x, y, loss_fn), engine_grads(plain, k1, x, y, loss_fn)) > 1e-3
+    assert relative(stack_grads(split, k1, x, y, loss_fn), stack_grads(plain, k1, x, y, loss_fn)) > 1e-3
 
 
 class Plain(nn.Module):
@@ -399,7 +388,7 @@ def test_a_sublayer_returning_a_tuple_is_read_as_a_models_output():
     stack = models.residual_stack(net, stem=stem, blocks=[f1, f2], head=head)
     exact = autograd_grads(net, cross_entropy_loss(forward(x), y))
     net.forward = forward  # what the first batch's check compares with
-    assert relative(engine_grads(stack, trainers.build_engine("highway", k=2), x, y, cross_entropy_loss),
+    assert relative(stack_grads(stack, trainers.build_engine("highway", k=2), x, y, cross_entropy_loss),
                     exact) < 1e-12
 
 
