@@ -4,13 +4,12 @@ identity is claimed. Skipped where transformers is not installed (CI installs it
 
 import pytest
 import torch
-from helpers import write_tiny_ptb
+from helpers import autograd_grads, engine_grads, relative, write_tiny_ptb
 from torch import nn
 
 import models
 import trainers
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.engine import trainable_parameters
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()  # tiny configs: token ids outside the tiny vocabulary, etc.
@@ -50,21 +49,6 @@ def lm_batch(batch=B, steps=T, seed=1):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def autograd_grads(model, loss):
-    named = trainable_parameters(model)
-    return dict(zip((n for n, _ in named), torch.autograd.grad(loss, [p for _, p in named]), strict=True))
-
-
-def engine_grads(model, engine, x, y, loss_fn=sequence_cross_entropy):
-    engine.compute_grads(model, x, y, loss_fn)
-    return {n: p.grad.clone() for n, p in trainable_parameters(model)}
-
-
-def relative(a: dict, b: dict) -> float:
-    num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
-    return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
-
-
 # ---- item 1: no silent wrong target ----------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CAUSAL))
@@ -72,7 +56,8 @@ def test_backprop_on_a_causal_lm_is_autograd_of_the_next_token_loss(name):
     model = CAUSAL[name]()
     x, y = lm_batch()
     exact = autograd_grads(model, sequence_cross_entropy(model(x).logits, y))
-    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y), exact) < 1e-12
+    got = engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
+    assert relative(got, exact) < 1e-12
 
 
 @pytest.mark.parametrize("name", sorted(CAUSAL))
@@ -103,7 +88,8 @@ def test_the_models_own_loss_with_shift_labels_trains_as_the_task_loss(name):
     x, y = lm_batch()
     exact = autograd_grads(model, sequence_cross_entropy(model(x).logits, y))
     models.declare_call(model, loss="model", targets="labels+shift_labels")
-    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y), exact) < 1e-6  # float32 loss
+    got = engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
+    assert relative(got, exact) < 1e-6  # float32 loss
 
 
 def test_the_trainer_refuses_the_double_shift_before_training(tmp_path):
@@ -214,10 +200,10 @@ def test_highway_on_the_structure_found_is_backprop_at_full_k_and_not_at_k0(name
     assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, loss_fn), exact) < 1e-12
     stack = models.residual_stack(model, example=x)
     assert stack.found == found
-    named = lambda grads: {k.removeprefix("model."): v for k, v in grads.items()}  # noqa: E731
-    full = named(engine_grads(stack, trainers.build_engine("highway", k=L), x, y, loss_fn))
+    full = engine_grads(stack, trainers.build_engine("highway", k=L), x, y, loss_fn, strip="model.")
     assert relative(full, exact) < TOLERANCE.get(name, 1e-12)
-    assert relative(named(engine_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn)), exact) > 1e-3
+    k0 = engine_grads(stack, trainers.build_engine("highway", k=0), x, y, loss_fn, strip="model.")
+    assert relative(k0, exact) > 1e-3
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])
@@ -227,8 +213,7 @@ def test_masks_and_rotary_tables_are_rebuilt_for_another_batch_size_and_length(n
     stack = models.residual_stack(model, example=make()[0])  # found on (3, 7)
     x, y = make(batch=2, steps=T + 3, seed=4)
     exact = autograd_grads(model, loss_fn(model(x).logits, y))
-    got = {k.removeprefix("model."): v
-           for k, v in engine_grads(stack, trainers.build_engine("highway", k=L), x, y, loss_fn).items()}
+    got = engine_grads(stack, trainers.build_engine("highway", k=L), x, y, loss_fn, strip="model.")
     assert relative(got, exact) < TOLERANCE.get(name, 1e-12)
 
 
@@ -272,15 +257,15 @@ def test_fa_on_gpt2_covers_its_conv1d_layers_and_with_b_equal_w_is_backprop():
 
     model = gpt2().eval()
     x, y = lm_batch()
-    exact = engine_grads(model, trainers.build_engine("backprop"), x, y)
+    exact = engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
     covered = covered_layers(model)
     assert [type(m).__name__ for _, m in covered].count("Conv1D") == 8 and len(covered) == 9  # + the tied head
     engine = trainers.build_engine("fa")
-    drawn = engine_grads(model, engine, x, y)
+    drawn = engine_grads(model, engine, x, y, sequence_cross_entropy)
     for name, _ in covered[:-1]:
-        assert relative({"w": drawn[f"{name}.weight"]}, {"w": exact[f"{name}.weight"]}) > 1e-3, name
+        assert relative(drawn[f"{name}.weight"], exact[f"{name}.weight"]) > 1e-3, name
     for name, module in covered:
         engine.layers.feedback[name] = module.weight.detach().clone()
-    assert relative(engine_grads(model, engine, x, y), exact) < 1e-12
-    dfa = engine_grads(model, trainers.build_engine("dfa"), x, y)
+    assert relative(engine_grads(model, engine, x, y, sequence_cross_entropy), exact) < 1e-12
+    dfa = engine_grads(model, trainers.build_engine("dfa"), x, y, sequence_cross_entropy)
     assert relative(dfa, exact) > 1e-3 and all(torch.isfinite(g).all() for g in dfa.values())
