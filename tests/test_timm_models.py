@@ -6,11 +6,11 @@ and are skipped in CI's environment, which has no timm."""
 
 import pytest
 import torch
+from helpers import autograd_grads, engine_grads, relative
 
 import models
 import trainers
 from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
 
 timm = pytest.importorskip("timm")
 
@@ -43,14 +43,9 @@ CASES = {  # model, training mode, what is found, the longest segment
 }
 
 
-def relative(a: dict, b: dict) -> float:
-    num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
-    return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
-
-
 def grads(model, engine, x, y):
-    engine.compute_grads(model, x, y, cross_entropy_loss)
-    return {n.removeprefix("model."): p.grad.clone() for n, p in trainable_parameters(model)}
+    """The engine's grads, a stack's named as its model's parameters (without ``model.``)."""
+    return engine_grads(model, engine, x, y, strip="model.")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -60,9 +55,7 @@ def test_highway_on_the_structure_found_is_backprop_at_full_k_and_not_at_k0(name
     model = randomised(build().double()).train(training)
     x, y = torch.randn(4, 1, 16, 16, dtype=torch.float64), torch.tensor([1, 4, 7, 0])
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    named = trainable_parameters(model)
-    exact = dict(zip((n for n, _ in named), torch.autograd.grad(cross_entropy_loss(model(x), y),
-                                                                [p for _, p in named]), strict=True))
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
     model.load_state_dict(state)  # BatchNorm's statistics as before that forward
     assert relative(grads(model, trainers.build_engine("backprop"), x, y), exact) < 1e-12
     model.load_state_dict(state)
@@ -79,9 +72,7 @@ def test_a_deeper_resnet_segment_is_approximated_at_k0_and_exact_at_its_length()
                        .double()).eval()  # segments of 2, 3 and 8 blocks (layer4 keeps layer3's 1 x 1)
     x, y = torch.randn(4, 1, 16, 16, dtype=torch.float64), torch.tensor([1, 4, 7, 0])
     stack = models.residual_stack(model, example=x)
-    named = trainable_parameters(model)
-    exact = dict(zip((n for n, _ in named), torch.autograd.grad(cross_entropy_loss(model(x), y),
-                                                                [p for _, p in named]), strict=True))
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
     assert stack.found.endswith("3 exact boundaries (a shape change), 13 ReLU(h + z)")
     assert relative(grads(stack, trainers.build_engine("highway", k=8), x, y), exact) < 1e-12
     assert relative(grads(stack, trainers.build_engine("highway", k=7), x, y), exact) > 1e-6
@@ -115,7 +106,7 @@ def test_fa_on_a_resnet_covers_every_convolution_and_with_b_equal_w_is_backprop(
     assert len(engine.layers.feedback) == 21  # all but the stem, whose input is the image
     for name in engine.layers.feedback:
         if name != "fc":
-            assert relative({"w": drawn[f"{name}.weight"]}, {"w": exact[f"{name}.weight"]}) > 1e-3, name
+            assert relative(drawn[f"{name}.weight"], exact[f"{name}.weight"]) > 1e-3, name
     for name, module in covered:
         if name in engine.layers.feedback:
             engine.layers.feedback[name] = module.weight.detach().clone()
