@@ -6,13 +6,14 @@ backprop's, and the count of covered layers is checked so that an uncovered one 
 
 import pytest
 import torch
+from helpers import engine_grads as grads
+from helpers import relative
 from torch import nn
 from torch.nn import functional as F
 
 import models
 import trainers
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.engine import trainable_parameters
 from trainers.engines.feedback_layers import covered_layers
 
 V, T, B = 11, 5, 4
@@ -74,15 +75,6 @@ def resnet_case():
 
 
 CASES = {"transformer": gpt_case, "resnet": resnet_case}
-
-
-def grads(model, engine, x, y, loss_fn):
-    engine.compute_grads(model, x, y, loss_fn)
-    return {n: p.grad.clone() for n, p in trainable_parameters(model)}
-
-
-def relative(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 @pytest.mark.parametrize("case", list(CASES))
