@@ -11,12 +11,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import trainers
-from trainers.cli import compare_main, train_main
+from trainers.cli import compare_main, table_main, train_main
 from trainers.core.engine import GradientEngine
 from trainers.core.protocols import LayerStack, require
 from trainers.core.registry import _ENGINES
-from trainers.experiments.compare import collect_results, pivot_cells, pivot_table
 from trainers.experiments.plots import plot_runs
+from trainers.experiments.results import collect_results, pivot_cells
+from trainers.experiments.summary import pivot_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,6 +163,9 @@ def test_run_name_and_results_table(tmp_path, capsys):
     assert cells[("exp/d2", "backprop")] == [r["test"][r["metric"]] for r in rows if r["run"] == "backprop"]
     plot_runs(cells, experiments, runs, "test accuracy", tmp_path / "k.png")
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert table_main([str(tmp_path), "--value", "best_val"]) == 0  # the table says which metric it shows
+    assert capsys.readouterr().out.startswith("best validation accuracy: mean ± std over seeds (seeds)\n\n| experiment")
 
 
 def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):

@@ -11,15 +11,20 @@ from trainers.run.records import read_records
 __all__ = ["table_main"]
 
 
+VALUES = {"test": "test", "best_val": "best validation", "final_val": "final validation"}  # --value: its words
+
+
 def table_main(argv=None, prog: str | None = None) -> int:
     """``scripts/table.py``: the result.json files below a folder as one Markdown table (and a figure)."""
-    from trainers.experiments.compare import collect_results, pivot_cells, pivot_table
+    from trainers.experiments.results import collect_results, pivot_cells
+    from trainers.experiments.summary import pivot_table
 
     parser = OneLineParser(prog=prog, description="Gather the result.json files of many runs into one Markdown "
                                                   "table: rows are experiment folders, columns run names, cells "
                                                   "mean ± std over seeds (count).")
     parser.add_argument("root")
-    parser.add_argument("--value", choices=["test", "best_val", "final_val"], default="test")
+    parser.add_argument("--value", choices=list(VALUES), default="test",
+                        help="which metric of each run: test (of the best validation model), best_val or final_val")
     parser.add_argument("--columns", default=None, help="comma list of run names, in order")
     parser.add_argument("--plot", default=None, help="also write a PNG: one panel per experiment, metric per run")
     args = parser.parse_args(argv)
@@ -29,6 +34,8 @@ def table_main(argv=None, prog: str | None = None) -> int:
         if not rows:
             raise DataError(_nothing_to_table(args.root))
         columns = args.columns.split(",") if args.columns else None
+        metrics = ", ".join(dict.fromkeys(r["metric"] for r in rows))
+        print(f"{VALUES[args.value]} {metrics}: mean ± std over seeds (seeds)\n")
         print(pivot_table(rows, value=args.value, columns=columns), end="")
         if args.plot:
             from trainers.experiments.plots import plot_runs

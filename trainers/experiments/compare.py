@@ -26,14 +26,13 @@ from trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
 from trainers.experiments.plots import plot_comparison
 from trainers.experiments.results import experiment_runs
 from trainers.experiments.step_timing import ROUNDS, time_steps
-from trainers.experiments.summary import mean_std, model_text, write_summary
+from trainers.experiments.summary import model_text, write_summary
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.hparams import write_experiment_config
-from trainers.run.records import read_records
 from trainers.run.rundir import RunDirectory, run_path
 from trainers.run.trainer import Trainer
 
-__all__ = ["run_comparison", "compatible", "collect_results", "pivot_cells", "pivot_table"]
+__all__ = ["run_comparison", "compatible"]
 
 
 def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
@@ -182,40 +181,3 @@ def compatible(trainer: str, model) -> bool:
     except IncompatibleModelError:
         return False
     return True
-
-
-def collect_results(root) -> list[dict]:
-    """Every ``result.json`` below ``root`` but tuning trials', with its experiment path relative to ``root``."""
-    root = Path(root)
-    rows = []
-    for path, record in read_records(sorted(root.rglob("result.json"))):
-        if "trial" in (record.get("settings") or {}):
-            continue
-        run_dir = path.parent  # <root>/<experiment...>/<run>/seed<k>
-        record["experiment"] = str(run_dir.parent.parent.relative_to(root)) or "."
-        rows.append(record)
-    return rows
-
-
-def pivot_cells(rows: list[dict], *, value: str = "test", columns: list[str] | None = None):
-    """(cells, experiments, runs): ``cells[(experiment, run)]`` = the ``value`` split's metric per seed."""
-    cells: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        if r[value] is not None:  # no test of a run that never evaluated it
-            cells.setdefault((r["experiment"], r["run"]), []).append(r[value][r["metric"]])
-    experiments = list(dict.fromkeys(r["experiment"] for r in rows))
-    return cells, experiments, columns or list(dict.fromkeys(r["run"] for r in rows))
-
-
-def pivot_table(rows: list[dict], *, value: str = "test", columns: list[str] | None = None) -> str:
-    """Markdown: one row per experiment, one column per run name, cells mean ± std (n seeds)
-    of the ``value`` split's metric (``test`` of the best validation model, or ``best_val``)."""
-    cells, experiments, runs = pivot_cells(rows, value=value, columns=columns)
-    lines = ["| experiment | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
-    for exp in experiments:
-        row = []
-        for run in runs:
-            values = cells.get((exp, run))
-            row.append(f"{mean_std(values)} ({len(values)})" if values else "")
-        lines.append(f"| {exp} | " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
-"""Reading an experiment folder: its finished runs (``result.json`` with ``metrics.jsonl``) and the runs that
-stopped on a non-finite loss (``failed.json``); a damaged record is noted and left out."""
+"""Reading runs: an experiment folder's finished runs (``result.json`` with ``metrics.jsonl``) and the runs that
+stopped on a non-finite loss (``failed.json``), and every ``result.json`` below a folder (``table``); a damaged
+record is noted and left out."""
 
 from pathlib import Path
 
@@ -8,7 +9,7 @@ from trainers.run.logger import read_metrics
 from trainers.run.records import failure_problem, read_records
 from trainers.run.rundir import FAILED, note
 
-__all__ = ["experiment_runs", "experiment_failures"]
+__all__ = ["experiment_runs", "experiment_failures", "collect_results", "pivot_cells"]
 
 
 def experiment_failures(out_dir) -> list[dict]:
@@ -37,3 +38,26 @@ def experiment_runs(out_dir) -> dict[str, list[dict]]:
         runs.setdefault(str(result.parent.parent.relative_to(out_dir)), []).append(
             {"report": record, "history": history})
     return runs
+
+
+def collect_results(root) -> list[dict]:
+    """Every ``result.json`` below ``root`` but tuning trials', with its experiment path relative to ``root``."""
+    root = Path(root)
+    rows = []
+    for path, record in read_records(sorted(root.rglob("result.json"))):
+        if "trial" in (record.get("settings") or {}):
+            continue
+        run_dir = path.parent  # <root>/<experiment...>/<run>/seed<k>
+        record["experiment"] = str(run_dir.parent.parent.relative_to(root)) or "."
+        rows.append(record)
+    return rows
+
+
+def pivot_cells(rows: list[dict], *, value: str = "test", columns: list[str] | None = None):
+    """(cells, experiments, runs): ``cells[(experiment, run)]`` = the ``value`` split's metric per seed."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r[value] is not None:  # no test of a run that never evaluated it
+            cells.setdefault((r["experiment"], r["run"]), []).append(r[value][r["metric"]])
+    experiments = list(dict.fromkeys(r["experiment"] for r in rows))
+    return cells, experiments, columns or list(dict.fromkeys(r["run"] for r in rows))

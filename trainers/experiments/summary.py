@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from tasks.base import IGNORE_INDEX
 from trainers.experiments.recipes import SHARED_SETTINGS
-from trainers.experiments.results import experiment_failures
+from trainers.experiments.results import experiment_failures, pivot_cells
 from trainers.experiments.stats import Paired, holm, paired_test, summarize
 from trainers.experiments.tuning import trial_name
 from trainers.experiments.verdict import (
@@ -43,7 +43,7 @@ from trainers.run.checkpoint import write_text_atomic
 from trainers.run.trainer import eval_subset
 
 __all__ = ["write_summary", "summary_table", "verdict_lines", "time_to_target_table", "timing_table",
-           "settings_table", "failure_notes", "model_text", "mean_std", "disagreement_lines"]
+           "settings_table", "failure_notes", "model_text", "mean_std", "disagreement_lines", "pivot_table"]
 
 
 def mean_std(values: list[float]) -> str:
@@ -480,3 +480,17 @@ def model_text(results: dict[str, list[dict]]) -> str:
     options = ", ".join(f"{k}={v}" for k, v in model.items() if v is not None and k not in ("in_features",
                                                                                            "out_features"))
     return f"{name} ({options})" if options else str(name)
+
+
+def pivot_table(rows: list[dict], *, value: str = "test", columns: list[str] | None = None) -> str:
+    """Markdown: one row per experiment, one column per run name, cells mean ± std (n seeds)
+    of the ``value`` split's metric (``test`` of the best validation model, or ``best_val``)."""
+    cells, experiments, runs = pivot_cells(rows, value=value, columns=columns)
+    lines = ["| experiment | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    for exp in experiments:
+        row = []
+        for run in runs:
+            values = cells.get((exp, run))
+            row.append(f"{mean_std(values)} ({len(values)})" if values else "")
+        lines.append(f"| {exp} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
