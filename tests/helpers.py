@@ -37,10 +37,10 @@ def autograd_grads(model, loss) -> dict:
 def relative(a, b) -> float:
     """|a - b| / |b| of two tensors, or of two gradient dicts with the same names read as one vector."""
     if isinstance(b, torch.Tensor):
-        return float((a - b).norm() / b.norm())
+        return ((a - b).norm() / b.norm()).item()
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-    num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b)
-    return (num / sum(float(v.norm()) ** 2 for v in b.values())) ** 0.5
+    num = sum((a[k] - b[k]).norm().item() ** 2 for k in b)
+    return (num / sum(v.norm().item() ** 2 for v in b.values())) ** 0.5
 
 
 def cosine(a, b) -> float:
@@ -49,7 +49,7 @@ def cosine(a, b) -> float:
         assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
         a, b = torch.cat([a[k].flatten() for k in b]), torch.cat([b[k].flatten() for k in b])
     a, b = a.flatten(), b.flatten()
-    return float(a @ b / (a.norm() * b.norm()))
+    return (a @ b / (a.norm() * b.norm())).item()
 
 
 def max_relative(a: dict, b: dict) -> float:
