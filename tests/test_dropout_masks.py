@@ -7,11 +7,11 @@ only ``lowmem`` (which keeps no per-layer tensor) may draw them twice. float64 t
 
 import pytest
 import torch
+from helpers import engine_grads
 from torch.profiler import ProfilerActivity, profile
 
 import models
 from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
 from trainers.engines.foton import Foton
 from trainers.engines.pepita import Pepita
 
@@ -46,8 +46,7 @@ def step_grads(engine, model, x, y, frozen: bool):
         if frozen:
             with torch.no_grad():
                 model(x)
-        engine.compute_grads(model, x, y, cross_entropy_loss)
-    return {name: p.grad.clone() for name, p in trainable_parameters(model)}
+        return engine_grads(model, engine, x, y)
 
 
 @pytest.mark.parametrize("name", list(ENGINES))
