@@ -82,7 +82,8 @@ def write_tiny_ptb(directory: Path, lines=(60, 12, 12), words_per_line: int = 6,
 
 def write_ptb_text(directory: Path, train: str, valid: str | None = None, test: str | None = None) -> Path:
     """ptb.train/valid/test.txt in ``directory`` with the given text (``train``'s where one is not given)."""
-    for name, text in zip(PTB_FILES, (train, valid or train, test or train), strict=True):
+    texts = (train, train if valid is None else valid, train if test is None else test)
+    for name, text in zip(PTB_FILES, texts, strict=True):
         (directory / name).write_text(text, encoding="utf-8")
     return directory
 
