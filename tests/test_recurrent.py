@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from helpers import write_ptb_text
 
 import models
 import tasks
@@ -233,9 +234,7 @@ def test_tie_weights_shares_head_and_embedding():
 
 @pytest.mark.parametrize("name", LMS)
 def test_trainer_runs_backprop_on_tiny_ptb_char(name, tmp_path):
-    text = " the cat sat on the mat \n the dog sat \n a <unk> ran \n"
-    for file in ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"):
-        (tmp_path / file).write_text(text, encoding="utf-8")
+    write_ptb_text(tmp_path, " the cat sat on the mat \n the dog sat \n a <unk> ran \n")
     task = tasks.build("ptb-char", data_dir=tmp_path, seq_len=6)
     torch.manual_seed(0)
     model = models.build(name, in_features=task.in_features, out_features=task.num_outputs, cell="gru", hidden=16)

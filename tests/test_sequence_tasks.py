@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import write_ptb_text
 
 import trainers
 from tasks import (
@@ -39,9 +40,7 @@ def one_line(message: str) -> bool:
 
 @pytest.fixture
 def ptb_dir(tmp_path):
-    for name, text in (("ptb.train.txt", TRAIN), ("ptb.valid.txt", VALID), ("ptb.test.txt", TEST)):
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    return tmp_path
+    return write_ptb_text(tmp_path, TRAIN, VALID, TEST)
 
 
 def decode(task: Task, ids: torch.Tensor) -> list[str]:
