@@ -5,7 +5,7 @@ import json
 import textwrap
 
 import pytest
-from helpers import engine_grads
+from helpers import cosine, engine_grads, relative
 
 import models
 from trainers.cli import compare_main, train_main
@@ -336,6 +336,16 @@ def test_the_readme_sequential_example_runs():
     exec(code, scope)  # noqa: S102 - the README's example
     net = scope["net"]
     assert models.orthogonal.orthogonality_error(net[0]) < 1e-4 and net[0].weight.grad is not None
+    # its engine's gradient on a batch: backprop's at the output layer, the same way but not backprop's below
+    x, y = loader[0]
+    loss_fn = torch.nn.functional.cross_entropy
+    foton = engine_grads(scope["stack"], scope["engine"], x, y, loss_fn)
+    exact = engine_grads(scope["stack"], trainers.build_engine("backprop"), x, y, loss_fn)
+    for name in exact:
+        if name.startswith("sequential.4."):
+            torch.testing.assert_close(foton[name], exact[name], rtol=1e-5, atol=1e-7, msg=name)
+        else:  # cosine 0.59-0.67 measured
+            assert cosine(foton[name], exact[name]) > 0.3 and relative(foton[name], exact[name]) > 0.1, name
 
 
 def test_the_user_bench_times_every_engine_on_user_and_zoo_models():
