@@ -105,7 +105,7 @@ def open_logger(trainer, resuming: bool) -> RunLogger | None:
 
 def last_checkpoint(trainer) -> Path | None:
     """The newest checkpoint this run wrote or resumed from (None: there is none)."""
-    return trainer.files.checkpoint if trainer.files is not None and trainer.saved_step is not None else None
+    return trainer.files.newest if trainer.files is not None and trainer.saved_step is not None else None
 
 
 def kept(trainer) -> str:
