@@ -11,3 +11,30 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # the suite's tensors are small, so one thread is as fast as two idle, and beside another busy process
 # it does not spin waiting for a core (BENCHMARKS.md, "Threads on a busy machine"). Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# scripts/train.py in a process that signals itself at the start of the update after ``step`` steps (the Trainer's
+# step counter; on rank ``rank`` only, under a launcher): a kill, stop or SIGTERM lands mid-run by construction,
+# whatever the machine's speed, where waiting for a checkpoint and signalling from outside races a run that may
+# have finished first. Run the script it writes as scripts/train.py (its flags follow).
+SIGNALLED_TRAIN = """
+import os, runpy, signal, sys
+from trainers.run import trainer
+real = trainer.Trainer.train_step
+def train_step(self, x, y):
+    if self.step == {step} and os.environ.get("RANK", "0") == "{rank}":
+        os.kill(os.getpid(), signal.{signal})
+    return real(self, x, y)
+trainer.Trainer.train_step = train_step
+sys.argv[0] = {train!r}
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def train_signalled_at(folder: Path, step: int, signal_name: str, rank: int = 0) -> str:
+    """Write (into ``folder``) a train script whose rank ``rank`` sends itself ``signal_name`` ("SIGKILL",
+    "SIGSTOP", "SIGTERM") once ``step`` steps are done; its path."""
+    script = folder / f"train_{signal_name.lower()}_at_{step}.py"
+    script.write_text(SIGNALLED_TRAIN.format(step=step, rank=rank, signal=signal_name,
+                                             train=str(ROOT / "scripts" / "train.py")))
+    return str(script)
