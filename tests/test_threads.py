@@ -1,8 +1,10 @@
 """Thread count per process (trainers/core/threads.py): the auto rule, its inputs, precedence, the flag."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,16 +57,43 @@ def test_proc_stat_and_cgroup_quota_are_read_as_documented():
     assert threads.usable_cores() >= 1
 
 
-def test_probe_sees_a_busy_process_and_not_itself():
-    """A spinning child is load elsewhere (>= half a core over the window); this process sleeping is not."""
+def _jiffies(pid: int | str) -> int:
+    """CPU time (user + system) of process ``pid`` in jiffies (proc(5): fields 14 and 15 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_probe_counts_the_cpu_time_of_a_spinning_child(monkeypatch):
+    """The probe's reading includes a spinning child's CPU time, read from the child's own /proc/<pid>/stat at the
+    probe's two reads: whatever else runs on the machine, busy >= the child's share (to 0.1 core). A window in
+    which a loaded machine gave the child under 5 jiffies proves little and is measured again."""
     child = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
                              stdout=subprocess.PIPE, text=True)
+    seen = []  # (the child's jiffies, the machine's total jiffies) at each of the probe's reads
+    real_own = threads._own_jiffies
+
+    def own_jiffies_and_child():
+        with open("/proc/stat") as f:
+            seen.append((_jiffies(child.pid), threads._cpu_times(f.read())[1]))
+        return real_own()
+    monkeypatch.setattr(threads, "_own_jiffies", own_jiffies_and_child)
     try:
         assert child.stdout.readline().strip() == "ready"
-        assert threads.busy_cores_elsewhere(window=0.3) >= 0.5
+        for _ in range(5):
+            seen.clear()
+            busy = threads.busy_cores_elsewhere(window=0.5)
+            (child0, total0), (child1, total1) = seen
+            if child1 - child0 >= 5:
+                break
+        else:
+            raise AssertionError(f"the spinning child got {child1 - child0} jiffies in 5 windows of 0.5 s")
     finally:
         child.kill()
         child.wait()
+    child_cores = (child1 - child0) / (total1 - total0) * (os.cpu_count() or 1)
+    assert busy >= child_cores - 0.1, (busy, child_cores)
 
 
 @pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", ""])
@@ -133,9 +162,6 @@ print(torch.get_num_threads())
 def api_run(before: str = "", busy: bool = False, **env) -> tuple[int, list[str]]:
     """The Python API in a fresh process whose environment fixes no thread count (the suite's does), beside a
     spinning child that has said it spins, when ``busy``: (torch's threads after, the stderr lines)."""
-    import os
-    from pathlib import Path
-
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", threads.THREADS_ENV)}
     environ.update(env)
     child = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
