@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -542,28 +543,57 @@ def test_a_second_writer_is_refused_while_the_lock_is_held(tmp_path, capsys):
     assert run(capsys, *TINY, "--steps", "2", "--logdir", tmp_path)[0] == 0
 
 
+# scripts/train.py whose process, once it holds the run directory's lock, keeps it until the file GO exists (an
+# hour at most): started together, the other process is sure to find the lock taken, on any machine
+HOLDING_TRAIN = """
+import os, pathlib, runpy, sys, time
+from trainers.run import rundir
+go, real = pathlib.Path({go!r}), rundir.RunDirectory.acquire
+def acquire(self):
+    real(self)
+    deadline = time.monotonic() + 3600
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+rundir.RunDirectory.acquire = acquire
+sys.argv[0] = {train!r}
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.mark.parametrize("resume", [False, True])
 def test_two_processes_started_together_on_one_run_directory(resume, tmp_path):
     """Two real processes at the same moment (twice with --resume onto a killed run): one trains,
-    the other is refused in one line naming the holder's pid; metrics.jsonl has every step once."""
-    flags = [*TRAIN, *TINY, "--steps", "1500", "--log-every", "1", "--checkpoint-every", "50", "--logdir",
-             str(tmp_path)]
-    if resume:
-        subprocess.run([*flags[:-2], "--steps", "100", "--logdir", str(tmp_path)], check=True, env=ENV,
-                       capture_output=True)
-        (run_dir(tmp_path) / "result.json").unlink()
+    the other is refused in one line naming the holder's pid; metrics.jsonl has every step once.
+    Whichever takes the lock holds it until the other has ended, so the two overlap by construction."""
+    logdir, go = tmp_path / "runs", tmp_path / "go"
+    flags = [*TINY, "--steps", "20", "--log-every", "1", "--checkpoint-every", "5", "--logdir", str(logdir)]
+    if resume:  # a run stopped at step 10 (made in this process: only the two racing need their own)
+        assert train_main([*flags[:-2], "--steps", "10", "--logdir", str(logdir)]) == 0
+        (run_dir(logdir) / "result.json").unlink()
         flags.append("--resume")
-    procs = [subprocess.Popen(flags, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    holding = [sys.executable, "-c", HOLDING_TRAIN.format(go=str(go), train=TRAIN[1])]
+    procs = [subprocess.Popen([*holding, *flags], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    guard = time.monotonic() + 300  # a hang guard, not a speed claim
+    try:
+        while all(p.poll() is None for p in procs):  # the refused one ends while the other holds the lock
+            assert time.monotonic() < guard, "hang guard: neither process ended in 300 s"
+            time.sleep(0.02)
+        go.touch()
+        results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     refused = next(err for code, err in results if code == 2).splitlines()
     assert len(refused) == 1 and "is being written by another process (pid " in refused[0]
     winner = next(p for p, (code, _) in zip(procs, results, strict=True) if code == 0)
     assert f"(pid {winner.pid})" in refused[0]
-    steps = [r["step"] for r in read_metrics(run_dir(tmp_path)) if "train/loss" in r]
-    assert steps == list(range(1, 1501))
+    steps = [r["step"] for r in read_metrics(run_dir(logdir)) if "train/loss" in r]
+    assert steps == list(range(1, 21))
 
 
 def fail_at_step(monkeypatch, step: int, error: BaseException) -> None:
