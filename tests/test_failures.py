@@ -235,7 +235,9 @@ def test_a_new_learning_rate_on_resume_needs_the_flag_and_is_applied_and_recorde
     assert snapshot(logdir) == before
     # given explicitly: applied from step 4 on, said, recorded
     code, err = run(capsys, *TINY, "--steps", "8", "--lr", "0.5", "--logdir", logdir, "--resume", "--log-every", "1")
-    assert code == 0 and err == ["note: resuming at step 4 with lr 0.5 instead of 0.01 (recorded in result.json)"]
+    assert code == 0 and err == [
+        f"note: backprop seed 0: resuming from step 4 of 8 in {run_dir(logdir)}",
+        "note: resuming at step 4 with lr 0.5 instead of 0.01 (recorded in result.json)"]
     lrs = {r["step"]: r["train/lr"] for r in read_metrics(run_dir(logdir)) if "train/lr" in r}
     assert lrs == {1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.5, 6: 0.5, 7: 0.5, 8: 0.5}
     result = json.loads((run_dir(logdir) / "result.json").read_text())
@@ -303,8 +305,9 @@ def test_two_checkpoints_are_kept_and_a_damaged_newest_falls_back_to_the_previou
         good = ckpt.read_bytes()
         ckpt.write_bytes(damage(good))
         _, err = run_cli_ok(capsys, finished, "--steps", "8", "--resume")
-        assert len(err) == 1 and err[0].startswith(f"note: checkpoint {ckpt} is damaged (") and \
+        assert len(err) == 2 and err[0].startswith(f"note: checkpoint {ckpt} is damaged (") and \
             err[0].endswith("; resuming from the previous checkpoint checkpoint.prev.pt (step 6)"), err
+        assert err[1] == f"note: backprop seed 0: resuming from step 6 of 8 in {ckpt.parent}"
         assert checkpoint.load_checkpoint(ckpt)["step"] == 8  # trained again from step 6 to 8, saved
         (rdir / "result.json").unlink()
     # both damaged: one line, exit 2, nothing changed
@@ -366,10 +369,6 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_without_running_it(finished
     assert snapshot(finished) == before
 
 
-class Payload:
-    def __init__(self, command):
-        self.command = command
-
 @pytest.mark.parametrize("plant", ["a numpy object array", "a raw pickle"])
 def test_what_the_safe_loader_refuses_is_unsafe_like_a_raw_pickle_and_never_skipped(finished, capsys, plant):
     """A torch zip checkpoint that weights-only loading refuses for the types it holds (an object array: its
@@ -430,6 +429,10 @@ def test_a_checkpoint_that_is_a_directory_is_refused_before_training(finished, c
     assert checkpoint.load_checkpoint(rdir / "checkpoint.pt")["step"] == 10 and (tmp / "kept.txt").exists()
 
 
+class Payload:
+    def __init__(self, command):
+        self.command = command
+
     def __reduce__(self):
         return os.system, (self.command,)
 
@@ -452,10 +455,6 @@ def test_a_logdir_that_is_a_file_unwritable_or_read_only_is_one_line_exit_2(tmp_
     assert not (tmp_path / "ro").exists()
 
 
-@pytest.mark.parametrize("where", ["checkpoint", "metrics"])
-def test_a_full_disk_during_training_is_one_line_exit_1_and_keeps_the_last_checkpoint(where, tmp_path, capsys,
-                                                                                        monkeypatch):
-    logdir = tmp_path / "runs"
 def test_a_full_disk_before_the_start_is_one_line_naming_the_path_exit_2(tmp_path, capsys, monkeypatch):
     """ENOSPC where the run directory is made, and where the lock takes its pid (a failed write() names no
     file: the message must); nothing trains, and once there is room the same command runs."""
@@ -489,6 +488,10 @@ def test_a_full_disk_before_the_start_is_one_line_naming_the_path_exit_2(tmp_pat
     assert run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "runs")[0] == 0  # the lock was let go
 
 
+@pytest.mark.parametrize("where", ["checkpoint", "metrics"])
+def test_a_full_disk_during_training_is_one_line_exit_1_and_keeps_the_last_checkpoint(where, tmp_path, capsys,
+                                                                                        monkeypatch):
+    logdir = tmp_path / "runs"
     calls = {"n": 0}
     if where == "checkpoint":  # the 3rd checkpoint write fails as on a full disk
         real = checkpoint.write_atomic
