@@ -198,7 +198,7 @@ def test_the_installed_package_runs_its_console_commands_from_another_directory(
     table = gradengines("table", "runs")
     assert table.returncode == 0 and table.stdout.splitlines()[2].startswith("| experiment | backprop |")
     assert table.stdout.startswith("test accuracy: mean ± std over seeds")
-    bench = gradengines("bench", "--suite", "scan", "--lengths", "8", "--steps", "5", "--out", "b")
+    bench = gradengines("bench", "--suite", "scan", "--lengths", "8", "--steps", "20", "--out", "b")
     assert bench.returncode == 0 and (work / "b" / "bench.json").exists(), bench.stderr
     refused = gradengines()
     assert refused.returncode == 2 and refused.stderr.splitlines() == [
