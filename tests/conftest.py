@@ -12,6 +12,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # it does not spin waiting for a core (BENCHMARKS.md, "Threads on a busy machine"). Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def pytest_xdist_auto_num_workers(config):
+    """``pytest -n auto`` (pytest-xdist): one worker per core this process may use by the project's own count
+    (CPU affinity capped by a cgroup quota, trainers/core/threads.py), where xdist's own would count the physical
+    cores of the whole machine once psutil is installed; PYTEST_XDIST_AUTO_NUM_WORKERS still decides if set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    from trainers.core.threads import usable_cores
+
+    return usable_cores()
+
 # scripts/train.py in a process that signals itself at the start of the update after ``step`` steps (the Trainer's
 # step counter; on rank ``rank`` only, under a launcher): a kill, stop or SIGTERM lands mid-run by construction,
 # whatever the machine's speed, where waiting for a checkpoint and signalling from outside races a run that may
