@@ -236,8 +236,8 @@ def test_a_new_learning_rate_on_resume_needs_the_flag_and_is_applied_and_recorde
     # given explicitly: applied from step 4 on, said, recorded
     code, err = run(capsys, *TINY, "--steps", "8", "--lr", "0.5", "--logdir", logdir, "--resume", "--log-every", "1")
     assert code == 0 and err == [
-        f"note: backprop seed 0: resuming from step 4 of 8 in {run_dir(logdir)}",
-        "note: resuming at step 4 with lr 0.5 instead of 0.01 (recorded in result.json)"]
+        "note: resuming at step 4 with lr 0.5 instead of 0.01 (recorded in result.json)",
+        f"note: backprop seed 0: resuming from step 4 of 8 in {run_dir(logdir)}"]
     lrs = {r["step"]: r["train/lr"] for r in read_metrics(run_dir(logdir)) if "train/lr" in r}
     assert lrs == {1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.5, 6: 0.5, 7: 0.5, 8: 0.5}
     result = json.loads((run_dir(logdir) / "result.json").read_text())

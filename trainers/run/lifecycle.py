@@ -70,14 +70,10 @@ def _restore(trainer, state: dict, changes: list[dict]) -> None:
     trainer.changes = list(state.get("changes", [])) + changes
 
 
-def start(trainer, resumed, total: int) -> None:
-    """Restore ``resumed`` ((checkpoint, changes)) or seed a fresh run; then one replica on every rank. Rank 0
-    says where a resumed run continues from."""
+def start(trainer, resumed) -> None:
+    """Restore ``resumed`` ((checkpoint, changes)) or seed a fresh run; then one replica on every rank."""
     if resumed is not None:
         _restore(trainer, *resumed)
-        if trainer.parallel.is_main:
-            note(f"{trainer.run_name} seed {trainer.cfg.seed}: resuming from step {trainer.step} of {total}"
-                 + (f" in {trainer.run_dir}" if trainer.run_dir is not None else ""))
         for change in resumed[1]:
             note(f"resuming at step {change['step']} with {change['option']} {change['to']} instead of "
                  f"{change['from']} (recorded in result.json)")
@@ -86,8 +82,9 @@ def start(trainer, resumed, total: int) -> None:
     trainer.parallel.broadcast_module(trainer.model)  # one replica, whatever each rank initialised
 
 
-def open_logger(trainer, resuming: bool) -> RunLogger | None:
-    """Rank 0 of a run with a directory: its logger (a resumed one drops what comes after its step)."""
+def open_logger(trainer, resuming: bool, total: int) -> RunLogger | None:
+    """Rank 0 of a run with a directory: its logger (a resumed one drops what comes after its step, then says
+    where the run continues from: only once its records were read, so a resume refused there claims nothing)."""
     run_dir = trainer.run_dir if trainer.parallel.is_main else None
     if run_dir is None:
         return None
@@ -100,6 +97,8 @@ def open_logger(trainer, resuming: bool) -> RunLogger | None:
                 (run_dir / stale).unlink(missing_ok=True)
     except OSError as err:
         raise RunWriteError(write_failure(trainer, err)) from None
+    if resuming:
+        note(f"{trainer.run_name} seed {trainer.cfg.seed}: resuming from step {trainer.step} of {total} in {run_dir}")
     return logger
 
 

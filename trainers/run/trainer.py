@@ -313,8 +313,8 @@ class Trainer:
 
     def _fit(self, total: int, resumed) -> dict:
         """The training loop of ``fit``; ``resumed``: (checkpoint, changes) or None."""
-        lifecycle.start(self, resumed, total)
-        logger = lifecycle.open_logger(self, resuming=resumed is not None)
+        lifecycle.start(self, resumed)
+        logger = lifecycle.open_logger(self, resuming=resumed is not None, total=total)
         # rank 0 reports: a bar on a terminal, a line every progress_seconds otherwise (logs, CI)
         progress = Progress(f"{self.run_name} seed {self.cfg.seed}", total, initial=self.step,
                             every=self.cfg.progress_seconds, enabled=self.cfg.progress and self.parallel.is_main,
