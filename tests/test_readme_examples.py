@@ -268,7 +268,7 @@ RUNS = [
 DATA = "reads ../shared/data (outside the repository)"
 SKIPPED = {
     r"bash scripts/setup\.sh( timm)?$": "builds a virtual environment from the network; the suite runs in .venv",
-    r"\.venv/bin/python -m pytest$": "the test suite itself",
+    r"\.venv/bin/python -m pytest( -n auto)?$": "the test suite itself",
     r"\.venv/bin/python scripts/compare\.py$": (
         "the default comparison, run in full (compare_main([])) by tests/test_cli.py::"
         "test_default_compare_writes_runs_tags_table_and_png, which checks its five trainers, summary.md and figure"),
