@@ -270,7 +270,8 @@ SKIPPED = {
     r"bash scripts/setup\.sh( timm)?$": "builds a virtual environment from the network; the suite runs in .venv",
     r"\.venv/bin/python -m pytest( -n auto)?$": "the test suite itself",
     r"\.venv/bin/python scripts/compare\.py$": (
-        "the default comparison, run in full (compare_main([])) by tests/test_cli.py::"
+        "the default comparison, run with its default trainers and seeds (2 epochs, 5 timing rounds) by "
+        "tests/test_cli.py::"
         "test_default_compare_writes_runs_tags_table_and_png, which checks its five trainers, summary.md and figure"),
     r"\.venv-timm/bin/python ": "needs .venv-timm (timm is not installed beside the project's torch)",
     r"\.venv/bin/tensorboard ": "a server that runs until it is stopped",
