@@ -182,21 +182,6 @@ def test_an_exact_engine_is_reported_as_exact_not_as_a_tie(tmp_path):
     assert verdict.count("- **highway**: exact in every logged check, its gradient equals backprop's") == 2
 
 
-def test_a_resumed_comparison_keeps_its_timing_and_budget(tmp_path, monkeypatch):
-    flags = [*SMALL, "--trainers", "backprop,foton", "--seeds", "0", "--steps", "6", "--budget", "time",
-             "--logdir", str(tmp_path)]
-    assert compare_main(flags) == 0
-    first = json.loads((tmp_path / "exp" / "comparison.json").read_text())
-
-    def fail(*args, **kwargs):
-        raise AssertionError("a resume must not time again")
-
-    monkeypatch.setattr("trainers.experiments.compare.time_steps", fail)
-    assert compare_main([*flags, "--resume"]) == 0
-    again = json.loads((tmp_path / "exp" / "comparison.json").read_text())
-    assert again["timing"] == first["timing"] and again["lengths"] == first["lengths"]
-
-
 def _run(seed, end_ms, value, steps=10, eval_step=None):
     """A run of ``steps`` equal steps ending at ``end_ms`` of compute, one evaluation (at its last step)."""
     eval_step = eval_step or steps

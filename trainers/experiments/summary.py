@@ -154,16 +154,15 @@ def _within_horizon(results: dict[str, list[dict]], metric: str, key: str, highe
 
 
 class _Test(NamedTuple):
-    """One verdict: ``run`` against the reference at ``key`` (its reading ``paired``)."""
+    """One verdict: ``run`` against the reference (its reading ``paired``)."""
 
     run: str
-    key: str
     paired: Paired | None
     exact: bool
     missing: list[str]  # runs with no validation within the horizon
 
 
-def _verdict_tests(results, metric, reference, key, higher_better, horizon: _Horizon) -> list[_Test]:
+def _verdict_tests(results, reference, horizon: _Horizon) -> list[_Test]:
     tests = []
     ref = horizon.best[reference]
     for run in results:
@@ -172,7 +171,7 @@ def _verdict_tests(results, metric, reference, key, higher_better, horizon: _Hor
         mine = horizon.best[run]
         exact = is_exact([r["history"] for r in results[run]])
         missing = [name for name, v in ((reference, ref), (run, mine)) if not v]
-        tests.append(_Test(run, key, None if missing else paired_test(mine, ref), exact, missing))
+        tests.append(_Test(run, None if missing else paired_test(mine, ref), exact, missing))
     return tests
 
 
@@ -190,8 +189,8 @@ def _ratio_spread(results: dict[str, list[dict]], run: str) -> tuple[float, floa
 
 
 def _margin_note(results, metric, reference, higher_better, family: list[_Test], test: _Test) -> tuple[str, bool]:
-    """At equal compute: whether ``test``'s word holds with its step ratio at the timing's min and max
-    (each recomputed, the family re-corrected), and the sentence that says so."""
+    """At equal compute: whether ``test``'s word holds with its step ratio at either end of its interval
+    (``_ratio_spread``; each recomputed, the family re-corrected), and the sentence that says so."""
     spread = _ratio_spread(results, test.run)
     if spread is None or test.paired is None:
         return "", True
@@ -222,10 +221,8 @@ def _adjusted_for(family: list[_Test], test: _Test, paired: Paired | None) -> fl
     return next(a for (t, _), a in zip(tested, adjusted, strict=True) if t is test)
 
 
-def _reading_text(key: str, horizon: _Horizon, metric: str) -> str:
-    unit = f"{horizon.value:.0f} samples" if key == "samples" else f"{horizon.value / 1e3:.2f} s of compute"
-    label = "At equal samples" if key == "samples" else "At equal compute time"
-    return f"{label} (best validation {metric} within {unit}, the shortest run's):"
+def _horizon_text(key: str, horizon: _Horizon) -> str:
+    return f"{horizon.value:.0f} samples" if key == "samples" else f"{horizon.value / 1e3:.2f} s of compute"
 
 
 def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, higher_better: bool,
@@ -236,19 +233,18 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, h
     horizons = {key: h for key, h in horizons.items() if h is not None}
     if reference not in results or len(results) < 2 or not horizons:  # nothing to compare the reference with
         return [], {}
-    tests = {key: _verdict_tests(results, metric, reference, key, higher_better, h) for key, h in horizons.items()}
+    tests = {key: _verdict_tests(results, reference, h) for key, h in horizons.items()}
     family = [t for group in tests.values() for t in group]
     m = sum(family_p(t.paired) is not None for t in family)
     lines, words = [], {}
     for key, group in tests.items():
-        lines.append(_reading_text(key, horizons[key], metric))
         where = "at equal samples" if key == "samples" else "at equal compute time"
+        lines.append(f"{where[0].upper()}{where[1:]} (best validation {metric} within "
+                     f"{_horizon_text(key, horizons[key])}, the shortest run's):")
         for test in group:
             if test.missing and not test.exact:  # not a lack of common seeds: no evaluation before the horizon
-                value = horizons[key].value
-                unit = f"{value:.0f} samples" if key == "samples" else f"{value / 1e3:.2f} s of compute"
                 lines.append(f"- **{test.run}**: not compared: no validation of {' or '.join(test.missing)} within "
-                             f"{unit} (evaluate more often, --eval-every)")
+                             f"{_horizon_text(key, horizons[key])} (evaluate more often, --eval-every)")
                 continue
             margin, holds = ("", True)
             if key == "compute_ms" and not test.exact:
@@ -264,7 +260,7 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, h
 
 
 def disagreement_lines(results, metric, reference, higher_better, verdict_words: dict[str, str],
-                   val_units: Units | None, test_units: Units | None) -> list[str]:
+                       val_units: Units | None, test_units: Units | None) -> list[str]:
     """One sentence per trainer whose word at equal samples (validation) differs from the results table's
     (test of the best-validation model), each reading Holm-corrected in its own family."""
     pairs = _test_pairs(results, metric, reference)
@@ -286,7 +282,6 @@ def disagreement_lines(results, metric, reference, higher_better, verdict_words:
     return [f"Where the two readings disagree (they read different splits{sizes}, at different points: the "
             f"horizon, and the best-validation model of the whole run; neither settles the other, more seeds "
             f"would):", *out]
-    return out
 
 
 def time_to_target_table(results: dict[str, list[dict]], metric: str, target: float, higher_better: bool) -> str:
