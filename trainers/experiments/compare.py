@@ -101,7 +101,7 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     record = {"reference": ref, "budget": budget, "target": target, "seeds": seeds, "lengths": lengths,
               "started": previous["started"] if previous else time.strftime("%Y-%m-%d %H:%M:%S %Z",
                                                                              time.localtime(started)),
-              "sessions": previous.get("sessions", 1) + 1 if previous else 1, "timing": timing}
+              "sessions": previous["sessions"] + 1 if previous else 1, "timing": timing}
     earlier_s = previous["wall_s"] if previous else 0.0
 
     def write_record():
