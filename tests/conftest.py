@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 # Tests import the packages from the checkout even when it is not installed,
 # and the engine contract suite from this folder.
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,3 +51,11 @@ def train_signalled_at(folder: Path, step: int, signal_name: str, rank: int = 0)
     script.write_text(SIGNALLED_TRAIN.format(step=step, rank=rank, signal=signal_name,
                                              train=str(ROOT / "scripts" / "train.py")))
     return str(script)
+
+
+@pytest.fixture(autouse=True)
+def _comparisons_time_at_their_own_thread_count(monkeypatch):
+    """A comparison run in a test times its steps at its own thread count only: the second count (the
+    equal-compute margin's, trainers.experiments.step_timing.other_threads) reads the machine's load, which a
+    test cannot fix; the tests of that second timing ask for it."""
+    monkeypatch.setattr("trainers.experiments.compare.other_threads", lambda device: None)

@@ -75,16 +75,24 @@ def test_without_time_checkpoints_an_early_interrupt_says_a_rerun_starts_afresh(
     assert not (trainer.run_dir / "checkpoint.pt").exists()
 
 
-def test_a_comparison_says_its_plan_and_shows_its_timing_rounds(tmp_path, capsys):
+def test_a_comparison_says_its_plan_and_shows_its_timing_rounds(tmp_path, capsys, monkeypatch):
+    """The plan, then the timing's rounds at the runs' own thread count and again at the other one (the
+    equal-compute margin's; here 2), all before the first run."""
+    monkeypatch.setattr("trainers.experiments.compare.other_threads", lambda device: 2)
     assert compare_main([*SMALL, "--progress-seconds", "1e-9", "--logdir", str(tmp_path)]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == ("[compare] exp: 2 trainers (backprop, fa) x seeds 0: timing each trainer's step round-robin "
-                      "(5 rounds), then 2 runs, then the summary")
-    rounds = [line for line in err if line.startswith("[timing 2 trainers' steps round-robin] round ")]
-    assert rounds[0].startswith("[timing 2 trainers' steps round-robin] round 0/5 (0.0%)")
-    assert rounds[-1].startswith("[timing 2 trainers' steps round-robin] round 5/5 (100.0%)")
-    assert rounds[-1].endswith("done") and "loss" not in rounds[-1]
-    assert err.index(rounds[-1]) < next(i for i, line in enumerate(err) if line.startswith("[backprop seed 0]"))
+                      "(5 rounds, then again at 2 threads), then 2 runs, then the summary")
+    first_run = next(i for i, line in enumerate(err) if line.startswith("[backprop seed 0]"))
+    for label in ("timing 2 trainers' steps round-robin", "timing them again at 2 threads (the equal-compute margin)"):
+        rounds = [line for line in err if line.startswith(f"[{label}] round ")]
+        assert rounds[0].startswith(f"[{label}] round 0/5 (0.0%)")
+        assert rounds[-1].startswith(f"[{label}] round 5/5 (100.0%)")
+        assert rounds[-1].endswith("done") and "loss" not in rounds[-1]
+        assert err.index(rounds[-1]) < first_run
+    timing = json.loads((tmp_path / "exp" / "comparison.json").read_text())["timing"]["trainers"]
+    assert timing["fa"]["at_other_threads"]["threads"] == 2
+    assert "ratio at 2 threads (the margin's)" in (tmp_path / "exp" / "summary.md").read_text()
 
 
 def test_an_interrupted_comparison_resumes_with_its_timing_and_keeps_its_start(tmp_path, monkeypatch, capsys):

@@ -47,7 +47,7 @@ import torch
 from trainers.core.errors import ConfigError
 
 __all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "usable_cores", "busy_cores_elsewhere",
-           "choose_threads", "set_threads", "last_choice", "threads_for_api"]
+           "choose_threads", "auto_choice", "set_threads", "last_choice", "threads_for_api"]
 
 THREADS_ENV = "GRADENGINES_THREADS"
 PROBE_SECONDS = 0.1
@@ -143,6 +143,16 @@ def choose_threads(cores: int, busy_elsewhere: float, ranks_here: int = 1) -> in
     return max(1, (cores - taken) // max(1, ranks_here))
 
 
+def auto_choice() -> ThreadChoice:
+    """The ``auto`` rule's count on this machine now (module docstring), with its reason; nothing applied."""
+    cores = usable_cores()
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    # the ranks of a torchrun job start together: each would see the others as load, so they share cores
+    busy = 0.0 if ranks > 1 or cores == 1 else min(busy_cores_elsewhere() for _ in range(PROBES))
+    return ThreadChoice(choose_threads(cores, busy, ranks), f"auto: {cores} usable cores, {busy:.1f} busy elsewhere"
+                        + (f", {ranks} ranks on this machine" if ranks > 1 else ""))
+
+
 def set_threads(requested: str | int | None = None) -> ThreadChoice:
     """Choose this process's intra-op thread count (module docstring), apply it with ``torch.set_num_threads``
     and return it with its reason. ``requested``: the ``--threads`` value (None or "auto": the environment,
@@ -157,13 +167,7 @@ def set_threads(requested: str | int | None = None) -> ThreadChoice:
         if omp.isdigit() and int(omp) > 0:
             choice = ThreadChoice(int(omp), "OMP_NUM_THREADS")
         else:
-            cores = usable_cores()
-            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-            # the ranks of a torchrun job start together: each would see the others as load, so they share cores
-            busy = 0.0 if ranks > 1 or cores == 1 else min(busy_cores_elsewhere() for _ in range(PROBES))
-            choice = ThreadChoice(choose_threads(cores, busy, ranks),
-                                  f"auto: {cores} usable cores, {busy:.1f} busy elsewhere"
-                                  + (f", {ranks} ranks on this machine" if ranks > 1 else ""))
+            choice = auto_choice()
     cores = usable_cores()
     if choice.count > cores:  # accepted (a user may know better), but never silently
         sys.stderr.write(f"note: {choice.count} CPU threads asked ({choice.reason}) where this process may use "

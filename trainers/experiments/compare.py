@@ -25,7 +25,7 @@ from trainers.core.registry import engine_class
 from trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
 from trainers.experiments.plots import plot_comparison
 from trainers.experiments.results import experiment_runs
-from trainers.experiments.step_timing import ROUNDS, time_steps
+from trainers.experiments.step_timing import ROUNDS, other_threads, time_steps
 from trainers.experiments.summary import model_text, write_summary
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.hparams import write_experiment_config
@@ -43,7 +43,8 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     ``comparison.json`` and the figure of the whole experiment folder (runs added by earlier calls included).
 
     Timing (``trainers.experiments.step_timing``): each trainer's step on its first seed's setup, round-robin
-    against ``reference`` (backprop if compared, else the first trainer), ``timing_rounds`` rounds
+    against ``reference`` (backprop if compared, else the first trainer), ``timing_rounds`` rounds, on a CPU
+    again at the other end of its thread range (``other_threads``; the equal-compute margin)
     (``clock``: the timer, tests pass a fake one); a ``resume`` reuses the timing of ``comparison.json``
     when it covers the same trainers, so the budget stays the same. With progress on (the setups' config), it
     says first what it will do, then shows the timing's rounds as training shows its steps.
@@ -78,9 +79,11 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     here = DataParallel()
     first = setups[(ref, seeds[0])].config
     speak = first.progress and here.is_main
+    threads_too = other_threads(first.device)
     if speak:
+        again = f", then again at {threads_too} thread{'s' if threads_too > 1 else ''}" if threads_too else ""
         _say(f"[compare] {experiment}: {len(trainers)} trainers ({', '.join(trainers)}) x seeds "
-            f"{', '.join(map(str, seeds))}: timing each trainer's step round-robin ({timing_rounds} rounds"
+            f"{', '.join(map(str, seeds))}: timing each trainer's step round-robin ({timing_rounds} rounds{again}"
             f"{', or reusing the timing of ' + COMPARISON_FILE if resume else ''}), then {len(setups)} runs, then "
             f"the summary")
     # rank 0 decides whether a resume reuses its record; every rank times (in lockstep), rank 0's numbers count
@@ -89,7 +92,7 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     try:
         timing = previous["timing"] if previous else here.broadcast_object(
             time_steps({t: build(t, seeds[0]) for t in trainers}, ref, rounds=timing_rounds, clock=clock,
-                       progress=speak, every=first.progress_seconds),
+                       progress=speak, every=first.progress_seconds, threads_too=threads_too),
             "sharing rank 0's step timing")
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM before any run: say that nothing is lost but the timing
         stopped = RunTerminated if isinstance(err, Terminated) else RunInterrupted

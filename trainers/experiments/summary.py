@@ -13,8 +13,10 @@ the summary says so in a sentence. Each reading is one family of paired t-tests,
 method (``trainers.experiments.stats.holm``): "ahead" or "behind" only where the Holm-adjusted p is below
 1 - ``CONFIDENCE``. At equal compute time a word must also survive the step timing's own uncertainty: the
 verdict is recomputed with the trainer's compute time scaled to either end of the 95% interval of its timed
-median ratio (``trainers.experiments.stats.median_interval`` over the timing's rounds), and a word that changes
-there becomes "within noise", the margin said.
+median ratio (``trainers.experiments.stats.median_interval`` over the timing's rounds) and the other runs' to
+either end of theirs (they set the horizon), under the runs' own thread count and, on a CPU, the other end of the
+machine's thread range (``step_timing``: the ratios move with the thread count); a word that changes there
+becomes "within noise", the margin said.
 """
 
 from __future__ import annotations
@@ -175,40 +177,75 @@ def _verdict_tests(results, reference, horizon: _Horizon) -> list[_Test]:
     return tests
 
 
-def _ratio_spread(results: dict[str, list[dict]], run: str) -> tuple[float, float, float, str] | None:
-    """(ratio, low, high, what they are) of ``run``'s timed step ratio from its record: the 95% interval of the
-    median over the timing's rounds (a timing recorded before it: the rounds' min..max); None: untimed."""
-    timing = results[run][0]["report"].get("timing")
-    if not timing or "ratio" not in timing:
-        return None
+def _bounds(timing: dict) -> tuple[float, float, str] | None:
+    """(low, high, what they are) of one timed ratio: the 95% interval of the median over the timing's rounds (a
+    timing recorded before it: the rounds' min..max); None: none recorded."""
     if "ratio_low" in timing and "ratio_high" in timing:
-        return timing["ratio"], timing["ratio_low"], timing["ratio_high"], "the 95% interval of the timed median"
+        return timing["ratio_low"], timing["ratio_high"], "the 95% interval of the timed median"
     if "ratio_min" in timing and "ratio_max" in timing:
-        return timing["ratio"], timing["ratio_min"], timing["ratio_max"], "the timing's min..max over rounds"
+        return timing["ratio_min"], timing["ratio_max"], "the timing's min..max over rounds"
     return None
 
 
+class _TimingSetting(NamedTuple):
+    """The runs' timed step ratios under one thread count: ``label`` ("" for the runs' own), each run's
+    (low, high, what they are)."""
+
+    label: str
+    bounds: dict[str, tuple[float, float, str]]
+
+
+def _timing_settings(results: dict[str, list[dict]]) -> tuple[dict[str, float], list[_TimingSetting]]:
+    """Each timed run's ratio, and the settings the equal-compute margin moves it through: its own timing and,
+    where every run has one (``step_timing``), the timing at the other thread count."""
+    timings = {run: seeds[0]["report"].get("timing") for run, seeds in results.items() if seeds}
+    timings = {run: t for run, t in timings.items() if t and "ratio" in t and _bounds(t)}
+    ratios = {run: t["ratio"] for run, t in timings.items()}
+    settings = [_TimingSetting("", {run: _bounds(t) for run, t in timings.items()})]
+    other = {run: t.get("at_other_threads") for run, t in timings.items()}
+    counts = {o["threads"] for o in other.values() if o}
+    if other and len(counts) == 1 and all(o and _bounds(o) for o in other.values()):
+        n = counts.pop()
+        settings.append(_TimingSetting(f"at {n} thread{'s' if n > 1 else ''}",
+                                       {run: _bounds(o) for run, o in other.items()}))
+    return ratios, settings
+
+
 def _margin_note(results, metric, reference, higher_better, family: list[_Test], test: _Test) -> tuple[str, bool]:
-    """At equal compute: whether ``test``'s word holds with its step ratio at either end of its interval
-    (``_ratio_spread``; each recomputed, the family re-corrected), and the sentence that says so."""
-    spread = _ratio_spread(results, test.run)
-    if spread is None or test.paired is None:
+    """At equal compute: whether ``test``'s word holds with its step ratio at either end of its interval and the
+    other runs' ratios (which move the horizon) at either end of theirs, under each timing setting (the runs' own
+    thread count and the other end of the machine's range; ``_timing_settings``), each reading recomputed and the
+    family re-corrected; and the sentence that says so."""
+    ratios, settings = _timing_settings(results)
+    if test.run not in ratios or test.paired is None:
         return "", True
-    ratio, low, high, spread_text = spread
     nominal = verdict_word(test.paired, _adjusted_for(family, test, test.paired), higher_better)
-    words = {}
-    for moved in (low, high):
-        horizon = _within_horizon(results, metric, "compute_ms", higher_better, {test.run: moved / ratio})
-        if horizon is None or not horizon.best[test.run] or not horizon.best[reference]:
-            words[moved] = "not compared"
-            continue
-        paired = paired_test(horizon.best[test.run], horizon.best[reference])
-        words[moved] = verdict_word(paired, _adjusted_for(family, test, paired), higher_better)
-    if all(w == nominal for w in words.values()):
-        return f"holds for step ratios {low:.3f}..{high:.3f}, {spread_text}", True
-    changes = ", ".join(f"{w} at ratio {r:.3f}" for r, w in words.items())
-    return (f"the word would change within the step ratio's uncertainty ({changes}; {ratio:.3f} timed; "
-            f"{low:.3f}..{high:.3f} is {spread_text}): not a difference the timing can carry", False)
+    if nominal not in ("ahead", "behind"):  # within noise already: no margin can make it a difference
+        return "", True
+    changes: dict[str, list[str]] = {}
+    for setting in settings:
+        for mine in (0, 1):
+            for theirs in (0, 1):
+                scale = {run: setting.bounds[run][theirs] / ratios[run] for run in ratios if run != test.run}
+                scale[test.run] = setting.bounds[test.run][mine] / ratios[test.run]
+                horizon = _within_horizon(results, metric, "compute_ms", higher_better, scale)
+                if horizon is None or not horizon.best[test.run] or not horizon.best[reference]:
+                    word = "not compared"
+                else:
+                    paired = paired_test(horizon.best[test.run], horizon.best[reference])
+                    word = verdict_word(paired, _adjusted_for(family, test, paired), higher_better)
+                if word != nominal:
+                    ratio = f"{setting.bounds[test.run][mine]:.3f}{f' {setting.label}' if setting.label else ''}"
+                    changes.setdefault(word, []).append(ratio)
+    low, high, what = settings[0].bounds[test.run]
+    others = "; ".join(f"{s.bounds[test.run][0]:.3f}..{s.bounds[test.run][1]:.3f} {s.label}" for s in settings[1:])
+    ranges = f"{low:.3f}..{high:.3f}{f', {others}' if others else ''} ({what}; the other runs' " \
+             "ratios, which set the horizon, at either end of theirs)"
+    if not changes:
+        return f"holds for step ratios {ranges}", True
+    moved = "; ".join(f"{word} at ratio {', '.join(dict.fromkeys(at))}" for word, at in changes.items())
+    return (f"{nominal} at the timed ratio {ratios[test.run]:.3f}, but {moved}, within step ratios {ranges}: "
+            f"not a difference the timing can carry"), False
 
 
 def _adjusted_for(family: list[_Test], test: _Test, paired: Paired | None) -> float | None:
@@ -303,17 +340,22 @@ def timing_table(results: dict[str, list[dict]], timing: dict) -> tuple[str, lis
     and a note per run whose own median step differs from the timed one by more than the timing's spread over
     rounds (max - min of the round medians: the load changed between the timing and the training)."""
     reference = timing["reference"]
+    other = {t["at_other_threads"]["threads"] for t in timing["trainers"].values() if "at_other_threads" in t}
+    other_head = "".join(f" ratio at {n} thread{'s' if n > 1 else ''} (the margin's) |" for n in other)
     lines = [f"| run | batch | step ms (timed, round-robin) | ratio to {reference} (95% interval of the median) "
-             "[min..max over rounds] "
-             "| one step's peak tensor memory, MB | step ms, the runs' own clock (median) |",
-             "|---|---|---|---|---|---|"]
+             f"[min..max over rounds] |{other_head}"
+             " one step's peak tensor memory, MB | step ms, the runs' own clock (median) |",
+             "|---|---|---|---|" + "---|" * len(other) + "---|---|"]
     notes = []
     for run, t in timing["trainers"].items():
         own = [h["time/step_ms"] for r in results.get(run, []) for h in r["history"] if "time/step_ms" in h]
         own_ms = statistics.median(own) if own else None
         interval = f"({t['ratio_low']:.3f}..{t['ratio_high']:.3f}) " if "ratio_low" in t else ""
+        again = t.get("at_other_threads")
+        other_cell = "".join(f" {again['ratio']:.3f} ({again['ratio_low']:.3f}..{again['ratio_high']:.3f}) |"
+                             if again else " - |" for _ in other)
         lines.append(f"| {run} | {t['batch_size']} | {t['step_ms']:.3f} | {t['ratio']:.3f} {interval}"
-                     f"[{t['ratio_min']:.3f}..{t['ratio_max']:.3f}] | {t['peak_mb']:.2f} "
+                     f"[{t['ratio_min']:.3f}..{t['ratio_max']:.3f}] |{other_cell} {t['peak_mb']:.2f} "
                      f"| {f'{own_ms:.3f}' if own_ms is not None else '-'} |")
         if own_ms is not None and abs(own_ms - t["step_ms"]) > t["ms_max"] - t["ms_min"]:
             notes.append(f"- {run}: its runs' own clock read a median step of {own_ms:.3f} ms, {t['step_ms']:.3f} ms "
