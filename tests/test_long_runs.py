@@ -92,7 +92,9 @@ def test_a_comparison_says_its_plan_and_shows_its_timing_rounds(tmp_path, capsys
         assert err.index(rounds[-1]) < first_run
     timing = json.loads((tmp_path / "exp" / "comparison.json").read_text())["timing"]["trainers"]
     assert timing["fa"]["at_other_threads"]["threads"] == 2
-    assert "ratio at 2 threads (the margin's)" in (tmp_path / "exp" / "summary.md").read_text()
+    summary = (tmp_path / "exp" / "summary.md").read_text()
+    assert "ratio at 2 threads (the margin's)" in summary
+    assert "batches, again at 2 threads for the equal-compute margin" in summary
 
 
 def test_an_interrupted_comparison_resumes_with_its_timing_and_keeps_its_start(tmp_path, monkeypatch, capsys):

@@ -439,13 +439,16 @@ def _header(experiment: str, task, results: dict[str, list[dict]], comparison: d
         timing, lengths = comparison["timing"], comparison["lengths"]
         runs = ", ".join(f"{t} {next(iter(v.values()))} {next(iter(v))}" for t, v in lengths.items())
         sessions = comparison.get("sessions", 1)
+        again = {t["at_other_threads"]["threads"] for t in timing["trainers"].values() if "at_other_threads" in t}
         lines += [f"- budget: {BUDGET_TEXT[comparison['budget']]} ({runs}); reference: {comparison['reference']}",
                   f"- seeds: {', '.join(map(str, comparison['seeds']))} (n = {len(comparison['seeds'])}); "
                   f"± is the sample standard deviation over seeds, [..] the 95% confidence interval (Student t)",
                   f"- machine: {timing['machine']} (threads: {timing['threads']['reason']})",
                   f"- started {comparison['started']}, {comparison['wall_s']:.0f} s in all"
                   f"{f' over {sessions} sessions (resumed)' if sessions > 1 else ''}; step times: "
-                  f"round-robin over {timing['rounds']} rounds on the experiment's own model and batches", ""]
+                  f"round-robin over {timing['rounds']} rounds on the experiment's own model and batches"
+                  + "".join(f", again at {n} thread{'s' if n > 1 else ''} for the equal-compute margin" for n in again),
+                  ""]
     return "\n".join(lines) + "\n"
 
 
