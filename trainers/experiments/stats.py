@@ -19,7 +19,14 @@ import math
 import statistics
 from typing import NamedTuple
 
-from scipy import stats
+
+def _scipy_stats():
+    """scipy.stats, imported on first use: its import costs about 0.45 s, which every command that never
+    summarises (train.py, bench.py, each process of the test suite) would pay."""
+    from scipy import stats
+
+    return stats
+
 
 __all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "median_interval", "CONFIDENCE"]
 
@@ -51,7 +58,7 @@ def summarize(values: list[float]) -> Summary:
     if len(values) == 1:
         return Summary(1, mean, None, None, None)
     std = statistics.stdev(values)
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(values) - 1)) * std / math.sqrt(len(values))
+    half = float(_scipy_stats().t.ppf(0.5 + CONFIDENCE / 2, len(values) - 1)) * std / math.sqrt(len(values))
     return Summary(len(values), mean, std, mean - half, mean + half)
 
 
@@ -82,8 +89,9 @@ def paired_test(x: dict[int, float], reference: dict[int, float]) -> Paired | No
     df = len(d) - 1
     se = sd / math.sqrt(len(d))
     t = mean / se
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
-    return Paired(len(d), mean, mean - half, mean + half, t, float(2.0 * stats.t.sf(abs(t), df)))
+    t_dist = _scipy_stats().t
+    half = float(t_dist.ppf(0.5 + CONFIDENCE / 2, df)) * se
+    return Paired(len(d), mean, mean - half, mean + half, t, float(2.0 * t_dist.sf(abs(t), df)))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -106,7 +114,8 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tupl
     if not ordered:
         raise ValueError("median_interval: no values")
     j = 0  # the largest rank with P(B <= j - 1) <= (1 - confidence) / 2
-    while stats.binom.cdf(j, n, 0.5) <= (1 - confidence) / 2:
+    binom = _scipy_stats().binom
+    while binom.cdf(j, n, 0.5) <= (1 - confidence) / 2:
         j += 1
     if j == 0:
         return ordered[0], ordered[-1]
