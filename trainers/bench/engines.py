@@ -49,34 +49,38 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
 
 
 def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
-                orthogonal="bjorck", orthogonal_iters=3, dropout=0.0) -> list[dict]:
+                orthogonal="bjorck", orthogonal_iters=3, dropout=0.0, model_name="mlp") -> list[dict]:
     """The gradient computation alone (``compute_grads``, no optimizer step, no upkeep) of each trainer on
     square MLPs (hidden ``dropout``), round-robin against backprop: what an engine costs before the shared
-    parts of a step."""
+    parts of a step. ``model_name`` another zoo model (e.g. ``ortho_lenet``): built once with its own sizes on
+    8 x 8 inputs (64 features, digits' shape), ``depths`` and ``widths`` unused."""
     rows = []
-    bare = any(name.startswith("foton") for name in trainers)
-    progress = SuiteProgress("grads", len(depths) * len(widths) * (len(backprop_first(trainers)) + bare))
-    for depth in depths:
-        for width in widths:
-            x, y = classification_batch(batch_size, width, device)
-            torch.manual_seed(0)
+    bare = model_name == "mlp" and any(name.startswith("foton") for name in trainers)
+    shapes = [(d, w) for d in depths for w in widths] if model_name == "mlp" else [(None, 64)]
+    progress = SuiteProgress("grads", len(shapes) * (len(backprop_first(trainers)) + bare))
+    for depth, width in shapes:
+        x, y = classification_batch(batch_size, width, device)
+        torch.manual_seed(0)
+        if model_name == "mlp":
             model = models.build("mlp", in_features=width, out_features=10, depth=depth, width=width,
                                  activation=activation, orthogonal=orthogonal,
                                  orthogonal_iters=orthogonal_iters, dropout=dropout).to(device)
-            steps_by = {}
-            for name in backprop_first(trainers):
-                engine = engine_from_spec(name)
-                engine.check(model)
-                steps_by[name] = functools.partial(engine.compute_grads, model, x, y, F.cross_entropy)
-            if bare:
-                steps_by["bare forward-only pass"] = functools.partial(bare_forward_only, model, x, y)
-            timed = time_round_robin(steps_by, timed=steps, rounds=steps, warmup=warmup, device=device)
-            for name, t in timed.items():
-                progress(f"{name} depth {depth} width {width}", t["step_ms"])
-                rows.append({"suite": "grads", "trainer": name, "depth": depth, "width": width,
-                             "batch_size": batch_size, "dropout": dropout, "grads_ms": t["step_ms"],
-                             "ratio_to_backprop": t["ratio_to_baseline"],
-                             "ratio_spread": f"{t['ratio_min']:.3g}..{t['ratio_max']:.3g}"})
+        else:
+            model = models.build(model_name, in_features=width, out_features=10).to(device)
+        steps_by = {}
+        for name in backprop_first(trainers):
+            engine = engine_from_spec(name)
+            engine.check(model)
+            steps_by[name] = functools.partial(engine.compute_grads, model, x, y, F.cross_entropy)
+        if bare:
+            steps_by["bare forward-only pass"] = functools.partial(bare_forward_only, model, x, y)
+        timed = time_round_robin(steps_by, timed=steps, rounds=steps, warmup=warmup, device=device)
+        for name, t in timed.items():
+            progress(f"{name} {model_name} depth {depth} width {width}", t["step_ms"])
+            rows.append({"suite": "grads", "model": model_name, "trainer": name, "depth": depth, "width": width,
+                         "batch_size": batch_size, "dropout": dropout, "grads_ms": t["step_ms"],
+                         "ratio_to_backprop": t["ratio_to_baseline"],
+                         "ratio_spread": f"{t['ratio_min']:.3g}..{t['ratio_max']:.3g}"})
     return rows
 
 

@@ -48,6 +48,9 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--orthogonal", default="bjorck", help="orthogonality of the engines-suite MLP (or none)")
     parser.add_argument("--orthogonal-iters", type=int, default=3)
     parser.add_argument("--dropout", type=float, default=0.0, help="hidden dropout of the MLP (grads suite)")
+    parser.add_argument("--grads-model", default="mlp",
+                        help="zoo model of the grads suite: mlp (--depths x --widths) or another, e.g. ortho_lenet "
+                             "(its own sizes, 8 x 8 inputs)")
     parser.add_argument("--steps", type=int, default=30,
                         help="timed steps per trainer, interleaved: each round one step of every trainer, ratios "
                              "are medians over rounds (engines, recurrent, residual); per round for overhead; >= 20")
@@ -110,7 +113,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
             rows += bench.bench_grads(trainers=engine_names, depths=sizes["depths"], widths=sizes["widths"],
                                       batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, device=device,
                                       orthogonal=None if args.orthogonal == "none" else args.orthogonal,
-                                      orthogonal_iters=args.orthogonal_iters, dropout=args.dropout)
+                                      orthogonal_iters=args.orthogonal_iters, dropout=args.dropout,
+                                      model_name=args.grads_model)
         if args.suite in ("upkeep", "all"):
             rows += bench.bench_upkeep(trainers=trainer_specs(args.trainers or "backprop;foton"),
                                        depths=sizes["depths"], widths=sizes["widths"],
