@@ -387,24 +387,28 @@ def route_weight_grad(module: nn.Module, G: Tensor) -> Tensor:
                  = \texttt{autograd.grad}(f(\theta), \theta, G),
 
       which equals :math:`\partial L/\partial\theta` for any loss that depends
-      on :math:`\theta` only through :math:`W`. The parametrization is evaluated
-      afresh (bypassing a ``parametrize.cached()`` cache), so this works inside
+      on :math:`\theta` only through :math:`W`. Inside ``parametrize.cached()``
+      whose W was first computed with its graph (``trainers.engines.weights_once``),
+      the product runs through that graph: W is evaluated once per step, as in
+      backprop; otherwise f is evaluated here, once, so this works inside
       ``torch.no_grad()`` too.
 
     ``G.shape != weight.shape`` raises ValueError.
     """
     theta = trainable_weight(module)
-    W_shape = tuple(module.weight.shape)
-    if tuple(G.shape) != W_shape:
+    parametrized = parametrize.is_parametrized(module, "weight")
+    with torch.enable_grad():
+        W = module.weight  # the cached W inside parametrize.cached(), else f(original) now, with its graph
+        if parametrized and W.grad_fn is None:  # cached without a graph: f afresh, bypassing the cache
+            W = module.parametrizations.weight()
+    if tuple(G.shape) != tuple(W.shape):
         raise ValueError(
-            f"route_weight_grad: gradient shape {tuple(G.shape)} != weight shape {W_shape} "
+            f"route_weight_grad: gradient shape {tuple(G.shape)} != weight shape {tuple(W.shape)} "
             f"of {type(module).__name__}"
         )
     G = G.detach().to(dtype=theta.dtype, device=theta.device)
-    if parametrize.is_parametrized(module, "weight"):
-        with torch.enable_grad():
-            W = module.parametrizations.weight()  # f(original), no cache
-            (grad,) = torch.autograd.grad(W, theta, grad_outputs=G)
+    if parametrized:  # a cached W's graph lives as long as the cache: another product through it stays possible
+        (grad,) = torch.autograd.grad(W, theta, grad_outputs=G, retain_graph=True)
     else:
         grad = G
     theta.grad = grad

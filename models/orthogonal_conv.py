@@ -42,6 +42,7 @@ flattened input. :class:`OrthoConvBlock` composes ``SpaceToDepth`` steps and an
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -55,6 +56,7 @@ from models.orthogonal import PARAMETRIZED_METHODS, make_orthogonal, orthogonal_
 
 __all__ = [
     "OrthogonalConv2d",
+    "cached_symbols",
     "SpaceToDepth",
     "FlattenLinear",
     "OrthoConvBlock",
@@ -62,6 +64,20 @@ __all__ = [
 ]
 
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
+_SYMBOLS: list[dict[int, Tensor]] = []  # the open cached_symbols() scopes' caches, innermost last
+
+
+@contextlib.contextmanager
+def cached_symbols():
+    """Within: each :class:`OrthogonalConv2d` computes its symbol Q once (at its first call, with the graph to
+    ``weight`` if grad is enabled then) and reuses it, as ``torch.nn.utils.parametrize.cached()`` does for
+    parametrizations: a step that applies a layer several times (a forward-only engine's two passes and its
+    local product) pays the Cayley solve once. ``weight`` must not change inside."""
+    _SYMBOLS.append({})
+    try:
+        yield
+    finally:
+        _SYMBOLS.pop()
 
 
 def _shape(name: str, value) -> tuple[int, ...]:
@@ -104,7 +120,8 @@ class OrthogonalConv2d(nn.Module):
 
     ``init_scale``: the kernel is drawn uniform in ``±init_scale / sqrt(C_in k^2)``
     (``nn.Conv2d``'s scale at 1); 0 gives the identity-like ``Q = [I 0]``.
-    ``Q`` is recomputed from the current ``weight`` at every call (nothing cached).
+    ``Q`` is recomputed from the current ``weight`` at every call, except inside
+    :func:`cached_symbols` (once per scope).
     """
 
     is_orthogonal = True
@@ -176,7 +193,16 @@ class OrthogonalConv2d(nn.Module):
         return mats[0], mats[1]
 
     def symbol(self) -> Tensor:
-        r"""Q(ω): ``(H, W//2+1, C_out, C_in)`` complex, rows orthonormal at every frequency."""
+        r"""Q(ω): ``(H, W//2+1, C_out, C_in)`` complex, rows orthonormal at every frequency (inside
+        :func:`cached_symbols`: computed once)."""
+        if not _SYMBOLS:
+            return self._symbol()
+        cache = _SYMBOLS[-1]
+        if id(self) not in cache:
+            cache[id(self)] = self._symbol()
+        return cache[id(self)]
+
+    def _symbol(self) -> Tensor:
         w = self.weight
         if w.dtype not in _COMPLEX:
             raise TypeError(f"OrthogonalConv2d supports float32 and float64, got {w.dtype}")

@@ -55,6 +55,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from models.orthogonal_conv import OrthogonalConv2d
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
@@ -62,6 +63,7 @@ from trainers.core.protocols import LayerStack, require
 from trainers.core.registry import register_engine
 from trainers.engines.feedback_layers import LocalFeedback, covered_layers
 from trainers.engines.forward_only import linear_part, output_error, write_layer_grads
+from trainers.engines.weights import weights_once
 
 __all__ = ["FeedbackAlignment", "DirectFeedbackAlignment"]
 
@@ -93,6 +95,11 @@ def feedback_shape(layer: nn.Module) -> tuple[tuple[int, ...], int]:
         return (linear.out_features, linear.in_features), linear.in_features
     weight = layer.weight if kind == "conv" else _kernel(layer)[1]
     return tuple(weight.shape), weight[0].numel()
+
+
+def _constant(value: torch.Tensor):
+    """A function that returns ``value`` (a fixed twin's symbol)."""
+    return lambda: value
 
 
 def _graph(output: torch.Tensor) -> torch.Tensor | None:
@@ -166,6 +173,11 @@ class _RandomFeedback(GradientEngine):
             outputs, loss, grads = self.layers.compute(model, inputs, targets, loss_fn, params)
             write_grads(params, grads)
             return StepOutput(loss=loss.detach(), outputs=outputs.detach())
+        with weights_once(model):  # each parametrized weight once per step, as in backprop
+            return self._stack_grads(model, inputs, targets, loss_fn)
+
+    def _stack_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        """The layer-stack pass (module docstring): a forward with local graphs, then the random feedback."""
         layers = list(model.layers)
         batch = inputs.shape[0]
         with torch.no_grad():
@@ -233,6 +245,9 @@ class FeedbackAlignment(_RandomFeedback):
             name, _ = _kernel(twin)
             owner = twin.get_submodule(name.rpartition(".")[0])
             owner.weight = nn.Parameter(B, requires_grad=False)  # the twin's own tensor, not the model's
+            for conv in twin.modules():  # B never changes: an orthogonal convolution's symbol once, not every step
+                if isinstance(conv, OrthogonalConv2d):
+                    conv.symbol = _constant(conv.symbol().detach())
             self._twins[hidden] = twin
         return twin
 

@@ -38,6 +38,7 @@ from tasks.base import cross_entropy_loss
 from trainers.core.engine import GradientEngine, StepOutput, write_grads
 from trainers.core.protocols import LayerStack, require
 from trainers.core.rng import set_torch_rng_state, torch_rng_state
+from trainers.engines.weights import weights_once
 
 __all__ = ["active_dropouts", "stack_forward", "apply_mask", "output_error", "layer_adjoint", "write_layer_grads",
            "linear_part", "MaskReplay", "ModulatedForward"]
@@ -201,7 +202,7 @@ class ModulatedForward(GradientEngine):
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         batch, layers, T = inputs.shape[0], model.layers, self.temperature()
-        with torch.no_grad(), parametrize.cached():
+        with weights_once(model), torch.no_grad():
             # clean pass, keeping h_0 .. h_{L-1} and the dropout masks
             h0 = model.input_features(inputs)
             masks: list = []

@@ -54,6 +54,7 @@ from trainers.engines.forward_only import (
     stack_forward,
     write_layer_grads,
 )
+from trainers.engines.weights import weights_once
 
 __all__ = ["Foton"]
 
@@ -164,7 +165,7 @@ class Foton(ModulatedForward):
         """``jvp`` mode with active dropout or another layer or activation: a first pass takes e and keeps the
         dropout masks, then (h_l, J_l F e) layer by layer, a forward-mode JVP along F e with the same masks."""
         batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
-        with torch.no_grad(), parametrize.cached():
+        with weights_once(model), torch.no_grad():
             h0 = model.input_features(inputs)
             masks: list = []
             _, y = stack_forward(model, h0, keep=False, masks=masks)
@@ -188,7 +189,7 @@ class Foton(ModulatedForward):
         lockstep with one mask per layer, drawn again by replaying the RNG (``MaskReplay``): no tensor per
         layer outlives its layer, at the price of drawing every mask twice."""
         batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
-        with torch.no_grad(), parametrize.cached(), MaskReplay() as replay:
+        with weights_once(model), torch.no_grad(), MaskReplay() as replay:
             h0 = model.input_features(inputs)
             _, y = stack_forward(model, h0, keep=False)
             e = output_error(y, targets, loss_fn, T)
@@ -213,7 +214,7 @@ class Foton(ModulatedForward):
         cost profile of backprop (three products per layer)."""
         batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
         derivative = _closed_form_derivative(model)
-        with torch.no_grad(), parametrize.cached():
+        with weights_once(model), torch.no_grad():
             h0 = model.input_features(inputs)
             clean, y = stack_forward(model, h0, keep=True)
             e = output_error(y, targets, loss_fn, T)
