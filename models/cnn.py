@@ -34,7 +34,7 @@ import torch.nn as nn
 from models.activations import build_activation
 from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError, positive_int
-from models.orthogonal import METHODS
+from models.orthogonal import DEFAULT_BJORCK_ITERS, METHODS
 from models.orthogonal_conv import FlattenLinear, OrthoConvBlock, space_to_depth_shape
 
 __all__ = ["OrthoLeNet", "OrthoConvNet", "infer_image_shape"]
@@ -145,7 +145,7 @@ class OrthoLeNet(_OrthoStack):
         dropout: float = 0.0,
         bias: bool = True,
         orthogonal: str | None = "expm",
-        orthogonal_iters: int = 3,
+        orthogonal_iters: int = DEFAULT_BJORCK_ITERS,
         orthogonal_output: bool = False,
         init_scale: float = 1.0,
     ):
@@ -212,7 +212,7 @@ class OrthoConvNet(_OrthoStack):
         dropout: float = 0.0,
         bias: bool = True,
         orthogonal: str | None = "expm",
-        orthogonal_iters: int = 3,
+        orthogonal_iters: int = DEFAULT_BJORCK_ITERS,
         orthogonal_output: bool = False,
         init_scale: float = 1.0,
     ):

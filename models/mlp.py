@@ -22,7 +22,7 @@ import torch.nn as nn
 from models.activations import build_activation
 from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError
-from models.orthogonal import make_orthogonal
+from models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
 
 __all__ = ["MLP", "hidden_widths"]
 
@@ -57,7 +57,7 @@ class MLP(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         orthogonal: str | None = None,
-        orthogonal_iters: int = 3,
+        orthogonal_iters: int = DEFAULT_BJORCK_ITERS,
         orthogonal_output: bool = False,
     ):
         super().__init__()

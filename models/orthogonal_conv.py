@@ -52,7 +52,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models.errors import ModelConfigError, positive_int
-from models.orthogonal import PARAMETRIZED_METHODS, make_orthogonal, orthogonal_method, polar, trainable_weight
+from models.orthogonal import (
+    DEFAULT_BJORCK_ITERS,
+    PARAMETRIZED_METHODS,
+    make_orthogonal,
+    orthogonal_method,
+    polar,
+    trainable_weight,
+)
 
 __all__ = [
     "OrthogonalConv2d",
@@ -313,7 +320,7 @@ class FlattenLinear(nn.Module):
         out_features: int,
         bias: bool = True,
         orthogonal: str | None = None,
-        orthogonal_iters: int = 3,
+        orthogonal_iters: int = DEFAULT_BJORCK_ITERS,
     ):
         super().__init__()
         self.in_shape = _shape("in_shape", (in_shape,) if isinstance(in_shape, int) else in_shape)

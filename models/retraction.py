@@ -207,7 +207,8 @@ class CayleyRetraction:
                 raise ModelConfigError(
                     f"orthogonal=retraction takes plain SGD steps ({spell('optimizer')} sgd, {spell('momentum')} 0; "
                     f"got {type(optimizer).__name__}, momentum {group.get('momentum', '-')}): momentum and Adam "
-                    f"steps are not low-rank; use orthogonal=bjorck, polar, expm or cayley with them")
+                    f"steps are not low-rank; use orthogonal=bjorck with them (a projection with as many Björck "
+                    f"iterations as the step needs, issue 32), or polar, expm or cayley")
 
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer, grad_scale: float = 1.0) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU row BENCHMARKS.md is missing, in one run on one GPU (issue 22; about 6 minutes on an H200
+# Every GPU row BENCHMARKS.md is missing, in one run on one GPU (issues 22 and 32; about 8 minutes on an H200
 # by the CPU/H200 step-time ratios of earlier rows), one folder per table under OUT, each with its
 # bench.json and bench.md:
 #   highway_gru_<precision>_T<length>  Highway-BP over time, 1-layer GRU LM (hidden 512, batch 128):
@@ -7,8 +7,13 @@
 #   highway_residual_<precision>       Highway-BP on the 32-block residual MLP (width 256, batch 256), both paths
 #   engines_<upkeep>                   backprop and FOTON steps on the orthogonal tanh MLP (depth 8, 32;
 #                                      width 256, 1024; batch 256) with Björck x3 and with the retraction
-#   upkeep                             orthogonal / plain step: Björck x3 and retraction, backprop and FOTON,
-#                                      depth 8, 32, width 256, 1024, batch 64, 256
+#   upkeep                             orthogonal / plain step: Björck (adaptive, at most 8 iterations) and
+#                                      retraction, backprop and FOTON, depth 8, 32, width 256, 1024, batch 64, 256
+#   grads_ortho_lenet                  gradient computation alone of backprop, FA, DFA, FOTON, PEPITA on the
+#                                      orthogonal CNN (8 x 8 inputs, batch 64): each orthogonal weight once per step
+#   upkeep_optimizers                  orthogonal / plain step under momentum SGD, Adam, AdamW: Björck x3, adaptive,
+#                                      x3 every 4 steps, geotorch expm and cayley, geoopt; depth 4, width 256, 1024,
+#                                      batch 64 (issue 32)
 # <precision> is tf32 and fp32 on CUDA. OUT/times.txt has the seconds each part took.
 #   usage: scripts/gpu_rows.sh [OUT]         on the GPU (DEVICE=cuda; PYTHON=python)
 #          DRY_RUN=1 scripts/gpu_rows.sh OUT  the same commands at tiny sizes on the CPU, in seconds
@@ -21,11 +26,11 @@ mkdir -p "$out"
 : > "$out/times.txt"
 if [ "${DRY_RUN:-0}" = 1 ]; then
   device=cpu precisions=fp32
-  lengths="8" hidden=8 rbatch=4 rdepth=3 widths=8 depths=2 batch=8 batches=4 steps=20 warmup=1
+  lengths="8" hidden=8 rbatch=4 rdepth=3 widths=8 depths=2 batch=8 batches=4 steps=20 warmup=1 obatch=4
 else
   device=${DEVICE:-cuda} precisions="tf32 fp32"
   lengths="256 1024" hidden=512 rbatch=128 rdepth=32 widths=256,1024 depths=8,32 batch=256 batches=64,256
-  steps=30 warmup=5
+  steps=30 warmup=5 obatch=64
 fi
 common=(--device "$device" --steps "$steps" --warmup "$warmup")
 
@@ -53,4 +58,7 @@ for upkeep in bjorck retraction; do
       --batch-size "$batch" --orthogonal "$upkeep"
 done
 part upkeep --suite upkeep --trainers 'backprop;foton' --depths "$depths" --widths "$widths" --batch-sizes "$batches"
+part grads_ortho_lenet --suite grads --grads-model ortho_lenet --trainers 'backprop;fa;dfa;foton;pepita' \
+    --batch-size "$obatch"
+part upkeep_optimizers --suite upkeep-optimizers --depths 4 --widths "$widths" --batch-size "$obatch"
 cat "$out/times.txt"

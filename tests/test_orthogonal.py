@@ -8,6 +8,7 @@ from torch import nn
 
 from models.errors import ModelConfigError
 from models.orthogonal import (
+    DEFAULT_BJORCK_ITERS,
     METHODS,
     PARAMETRIZED_METHODS,
     PROJECTED_METHODS,
@@ -94,7 +95,7 @@ def test_trainable_weight_and_marker(method):
         assert not hasattr(layer, "_orthogonal_projection")
     else:
         assert p is layer.weight
-        marker = Retraction() if method in RETRACTED_METHODS else Projection(method, 3)
+        marker = Retraction() if method in RETRACTED_METHODS else Projection(method, DEFAULT_BJORCK_ITERS)
         assert layer._orthogonal_projection == marker
     assert {id(q) for q in layer.parameters()} == {id(p), id(layer.bias)}
 

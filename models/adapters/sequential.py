@@ -24,7 +24,7 @@ from torch import nn
 
 from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError
-from models.orthogonal import make_orthogonal
+from models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
 
 __all__ = ["SequentialStack", "layer_stack"]
 
@@ -121,7 +121,8 @@ class SequentialStack(nn.Module):
         return self.sequential(x)
 
 
-def layer_stack(sequential: nn.Sequential, *, orthogonal: str | None = None, iters: int = 3) -> SequentialStack:
+def layer_stack(sequential: nn.Sequential, *, orthogonal: str | None = None,
+                iters: int = DEFAULT_BJORCK_ITERS) -> SequentialStack:
     """The layer-stack view of ``sequential``; ``orthogonal`` (``bjorck``, ``polar``, ``expm``,
     ``cayley``) makes its hidden layers orthogonal in place (``models.orthogonal.make_orthogonal``),
     as FOTON needs."""

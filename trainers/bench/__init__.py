@@ -30,6 +30,9 @@ BENCHMARKS.md).
 * ``upkeep``: what keeping the MLP orthogonal costs each trainer: its SGD step
   with Björck projection, and with the Cayley retraction (``models.retraction``),
   against the same step with no upkeep, per (depth, width, batch).
+* ``upkeep-optimizers``, ``upkeep-error``: keeping orthogonal layers orthogonal under
+  momentum SGD, Adam and AdamW (``trainers.bench.upkeep``): each candidate's step
+  against the plain step, and the error it keeps over training on digits.
 * ``user``: every engine on user-style models (an nn.GRU LM wrapped by
   ``models.wrap_recurrent``, an nn.Sequential MLP by ``models.layer_stack``)
   and on the zoo model of the same sizes: what wrapping costs.
@@ -58,8 +61,10 @@ from trainers.bench.timing import (
     time_round_robin,
     write_results,
 )
+from trainers.bench.upkeep import OPTIMIZERS, bench_upkeep_optimizers, orthogonality_over_steps
 from trainers.bench.user import bench_user
 
 __all__ = ["bench_overhead", "bench_engines", "bench_grads", "bench_upkeep", "bare_forward_only", "bench_recurrent",
-           "bench_residual", "bench_scan", "bench_user", "engine_from_spec", "machine_description", "markdown_table",
+           "bench_residual", "bench_scan", "bench_user", "OPTIMIZERS", "bench_upkeep_optimizers",
+           "orthogonality_over_steps", "engine_from_spec", "machine_description", "markdown_table",
            "peak_step_memory_mb", "time_round_robin", "write_results"]

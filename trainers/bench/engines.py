@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models.orthogonal import orthogonality_error, project_
+from models.orthogonal import DEFAULT_BJORCK_ITERS, orthogonality_error, project_
 from trainers.bench.timing import (
     SuiteProgress,
     backprop_first,
@@ -26,11 +26,11 @@ __all__ = ["bench_engines", "bench_grads", "bench_upkeep", "bare_forward_only"]
 
 
 def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
-                  orthogonal="bjorck", orthogonal_iters=3) -> list[dict]:
+                  orthogonal="bjorck", orthogonal_iters=DEFAULT_BJORCK_ITERS) -> list[dict]:
     """Step time (compute_grads + SGD step + orthogonality upkeep, round-robin against backprop)
     and peak memory of each trainer on square MLPs."""
     rows = []
-    upkeep = f"{orthogonal} x{orthogonal_iters}" if orthogonal == "bjorck" else str(orthogonal)
+    upkeep = f"{orthogonal} <= {orthogonal_iters}" if orthogonal == "bjorck" else str(orthogonal)
     progress = SuiteProgress("engines", len(depths) * len(widths) * len(backprop_first(trainers)))
     for depth in depths:
         for width in widths:
@@ -49,7 +49,8 @@ def bench_engines(*, trainers, depths, widths, batch_size, steps, warmup, device
 
 
 def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, activation="tanh",
-                orthogonal="bjorck", orthogonal_iters=3, dropout=0.0, model_name="mlp") -> list[dict]:
+                orthogonal="bjorck", orthogonal_iters=DEFAULT_BJORCK_ITERS, dropout=0.0,
+                model_name="mlp") -> list[dict]:
     """The gradient computation alone (``compute_grads``, no optimizer step, no upkeep) of each trainer on
     square MLPs (hidden ``dropout``), round-robin against backprop: what an engine costs before the shared
     parts of a step. ``model_name`` another zoo model (e.g. ``ortho_lenet``): built once with its own sizes on
@@ -85,9 +86,9 @@ def bench_grads(*, trainers, depths, widths, batch_size, steps, warmup, device, 
 
 
 def bench_upkeep(*, trainers, depths, widths, batch_sizes, steps, warmup, device, activation="tanh",
-                 orthogonal_iters=3) -> list[dict]:
+                 orthogonal_iters=DEFAULT_BJORCK_ITERS) -> list[dict]:
     """The orthogonal/plain step ratio of each trainer: SGD step (lr 1e-3, no momentum) with Björck projection
-    (``orthogonal_iters`` iterations) and with the Cayley retraction, against the same step on the same MLP
+    (at most ``orthogonal_iters`` iterations) and with the Cayley retraction, against the same step on the same MLP
     without upkeep (its hidden layers marked orthogonal, never projected), the three round-robin."""
     rows = []
     progress = SuiteProgress("upkeep", len(depths) * len(widths) * len(batch_sizes) * len(trainers) * 3)
@@ -110,7 +111,7 @@ def bench_upkeep(*, trainers, depths, widths, batch_sizes, steps, warmup, device
                                                           after=project_ if upkeep == "bjorck" else None)
                     timed = time_round_robin(step_fns, timed=steps, rounds=steps, warmup=warmup, device=device)
                     for upkeep, t in timed.items():
-                        label = f"Björck x{orthogonal_iters}" if upkeep == "bjorck" else upkeep
+                        label = f"Björck <= {orthogonal_iters}" if upkeep == "bjorck" else upkeep
                         progress(f"{name} {label} depth {depth} width {width} batch {batch_size}", t["step_ms"])
                         rows.append({"suite": "upkeep", "trainer": name, "depth": depth, "width": width,
                                      "batch_size": batch_size, "upkeep": label, "step_ms": t["step_ms"],

@@ -61,7 +61,7 @@ MODEL_FLAGS = {
     "bias": (str, "use biases: true or false"),
     "orthogonal": (str, "orthogonal hidden layers: none, expm, cayley (geotorch), bjorck, polar (projection) or "
                         "retraction (Cayley retraction of plain SGD steps)"),
-    "orthogonal_iters": (int, "Bjorck iterations per projection"),
+    "orthogonal_iters": (int, "most Bjorck iterations per projection (fewer when the deviation allows)"),
     "in_features": (int, "model input features (default: from the task)"),
     "out_features": (int, "model outputs (default: the task's classes)"),
 }

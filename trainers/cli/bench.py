@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from models.orthogonal import DEFAULT_BJORCK_ITERS
 from trainers.cli.args import OneLineParser, add_threads_flag, int_list, mlp_trainers, trainer_specs
 from trainers.cli.process import run_cli
 from trainers.core.distributed import check_device
@@ -24,8 +25,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
 
     parser = OneLineParser(prog=prog, description="Benchmark step time (median) and peak memory per trainer.")
     parser.add_argument("--suite",
-                        choices=["overhead", "engines", "grads", "upkeep", "recurrent", "residual", "scan", "user",
-                                 "all"],
+                        choices=["overhead", "engines", "grads", "upkeep", "upkeep-optimizers", "upkeep-error",
+                                 "recurrent", "residual", "scan", "user", "all"],
                         default="all")
     parser.add_argument("--lengths", default="256,1024,4096", help="comma list of sequence lengths (recurrent, scan)")
     parser.add_argument("--trainers", default=None,
@@ -39,6 +40,11 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--residual-depth", type=int, default=32, help="blocks of the residual suite's residual_mlp")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--batch-sizes", default="64,256", help="comma list of batch sizes (upkeep suite)")
+    parser.add_argument("--optimizers", default="momentum,adam,adamw",
+                        help="comma list of momentum, adam, adamw (upkeep-optimizers and upkeep-error suites)")
+    parser.add_argument("--error-steps", type=int, default=1000,
+                        help="training steps on digits of the upkeep-error suite (its width: --widths, depth: "
+                             "--depths, batch: --batch-size)")
     parser.add_argument("--cell", default="gru", help="recurrent cell (recurrent suite)")
     parser.add_argument("--hidden", type=int, default=512, help="recurrent state size (recurrent and scan suites)")
     parser.add_argument("--recurrent-depths", default="1,3", help="comma list of recurrent layers (recurrent suite)")
@@ -46,7 +52,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=64, help="token vocabulary of the recurrent suite's LM")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (all trainers alike)")
     parser.add_argument("--orthogonal", default="bjorck", help="orthogonality of the engines-suite MLP (or none)")
-    parser.add_argument("--orthogonal-iters", type=int, default=3)
+    parser.add_argument("--orthogonal-iters", type=int, default=DEFAULT_BJORCK_ITERS,
+                        help="most Björck iterations per projection (fewer when the deviation allows)")
     parser.add_argument("--dropout", type=float, default=0.0, help="hidden dropout of the MLP (grads suite)")
     parser.add_argument("--grads-model", default="mlp",
                         help="zoo model of the grads suite: mlp (--depths x --widths) or another, e.g. ortho_lenet "
@@ -120,6 +127,22 @@ def bench_main(argv=None, prog: str | None = None) -> int:
                                        depths=sizes["depths"], widths=sizes["widths"],
                                        batch_sizes=sizes["batch_sizes"], steps=args.steps, warmup=args.warmup,
                                        device=device, orthogonal_iters=args.orthogonal_iters)
+        optimizers = args.optimizers.split(",")
+        unknown = sorted(set(optimizers) - set(bench.OPTIMIZERS))
+        if unknown:
+            raise ConfigError(f"--optimizers: unknown {', '.join(unknown)}; expected some of "
+                              f"{', '.join(bench.OPTIMIZERS)}")
+        if args.suite == "upkeep-optimizers":  # not in "all": it times O(n^3) upkeeps for minutes
+            for depth in sizes["depths"]:
+                rows += bench.bench_upkeep_optimizers(optimizers=optimizers, widths=sizes["widths"], depth=depth,
+                                                      batch_size=args.batch_size, steps=args.steps,
+                                                      warmup=args.warmup, device=device)
+        if args.suite == "upkeep-error":
+            for depth in sizes["depths"]:
+                for width in sizes["widths"]:
+                    rows += bench.orthogonality_over_steps(optimizers=optimizers, steps=args.error_steps,
+                                                           depth=depth, width=width, batch_size=args.batch_size,
+                                                           device=device)
         if args.suite in ("user", "all"):
             rows += bench.bench_user(steps=args.steps, warmup=args.warmup, device=device)
         if args.suite in ("scan", "all"):

@@ -213,20 +213,21 @@ class DataParallel:
         return box[0]
 
     @torch.no_grad()
-    def project_(self, model: nn.Module) -> None:
+    def project_(self, model: nn.Module) -> list[int]:
         """``models.orthogonal.project_`` split over ranks: rank r projects the projected layers
         r, r + W, ... and sends them to the others, so every replica holds the same orthogonal
-        weights and each rank does 1/W of the (batch-independent) projection work."""
+        weights and each rank does 1/W of the (batch-independent) projection work. Returns the Björck
+        iterations this rank ran per group."""
         entries = projected_weights(model)
         if not self.active:
-            project_weights_(entries)
-            return
-        project_weights_(entries[self.rank::self.world_size])
+            return project_weights_(entries)
+        iterations = project_weights_(entries[self.rank::self.world_size])
         # one broadcast per owner (and dtype/device), not one per layer
         self._in_buckets("sharing projected weights", [
             ([w for w, _ in entries[owner::self.world_size]],
              lambda flat, owner=owner: dist.broadcast(flat, src=owner, async_op=True))
             for owner in range(self.world_size)])
+        return iterations
 
     @torch.no_grad()
     def broadcast_module(self, module: nn.Module) -> None:

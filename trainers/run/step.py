@@ -54,9 +54,10 @@ class TrainStep:
         self.optimizer, self.retraction, self.parallel = optimizer, retraction, parallel
         self.scheduler = None  # set by fit, which knows the run's length
         self.clip_grad_norm, self.device = clip_grad_norm, device
-        methods = {orthogonal_method(m) for m in model.modules()} - {None}
+        methods = self.methods = {orthogonal_method(m) for m in model.modules()} - {None}
         self.has_orthogonal = bool(methods)
         self.needs_projection = bool(methods & set(PROJECTED_METHODS))
+        self.bjorck_iterations = 0  # the most Björck iterations a layer took at the last step
         self._noted: set[str] = set()  # dense-step reasons already noted
 
     def __call__(self, x, y, step: int, kept: str = "") -> StepResult:
@@ -84,7 +85,7 @@ class TrainStep:
         if self.scheduler:
             self.scheduler.step()
         if self.needs_projection:  # split over ranks under torchrun, same result
-            self.parallel.project_(self.model)
+            self.bjorck_iterations = max(self.parallel.project_(self.model), default=0)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepResult(loss, lr, samples, time.perf_counter() - t0)
@@ -99,6 +100,8 @@ class TrainStep:
         }
         if self.has_orthogonal:
             scalars["engine/orthogonality_error"] = orthogonality_error(self.model)
+        if "bjorck" in self.methods:  # the most Björck iterations a layer took at this step (this rank's layers)
+            scalars["engine/bjorck_iterations"] = float(self.bjorck_iterations)
         return scalars
 
 
