@@ -4,6 +4,7 @@ the dispatcher and Python pay per call), and the top ones (issue 32). The time i
 ``--suite grads --grads-model``): on a shared VM one trainer's calls in a row can read 2x apart between runs.
 
     python scripts/profile_grads.py --model ortho_lenet --trainers backprop,fa,dfa --batch-size 64 --calls 200
+    python scripts/profile_grads.py --model mlp --depth 32 --width 256 --trainers backprop,foton --calls 100
 
 One thread (the comparison is per operator, not of parallel speed-ups); 8 x 8 inputs of 64 features (digits'
 shape) for the CNNs, ``--features`` otherwise.
@@ -26,13 +27,19 @@ def main() -> None:
     parser.add_argument("--trainers", default="backprop,fa,dfa")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--features", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=None, help="mlp: hidden layers (with --width: the bench suites' "
+                        "orthogonal tanh MLP, Björck-marked)")
+    parser.add_argument("--width", type=int, default=None, help="mlp: layer width (also its input features)")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     trainers.set_threads(1)
-    x, y = classification_batch(args.batch_size, args.features, "cpu")
+    sizes = {} if args.depth is None else {"depth": args.depth, "width": args.width, "activation": "tanh",
+                                           "orthogonal": "bjorck"}
+    features = args.width if args.depth is not None else args.features
+    x, y = classification_batch(args.batch_size, features, "cpu")
     torch.manual_seed(0)
-    model = models.build(args.model, in_features=args.features, out_features=10)
+    model = models.build(args.model, in_features=features, out_features=10, **sizes)
     for name in args.trainers.split(","):
         engine = trainers.build_engine(name)
         for _ in range(10):  # warm-up (FA's feedback and twins drawn here)
