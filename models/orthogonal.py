@@ -76,6 +76,9 @@ MAX_BJORCK_ITERS = 100  # iterations per projection that a setting may ask for
 # on a width-1024 layer leaves about 0.6) to float32's BJORCK_TOL takes 7; a small step takes 1 or 2 (issue 32)
 DEFAULT_BJORCK_ITERS = 8
 _POWER_STEPS, _POWER_VECTORS = 4, 4  # gram_deviation_bound's block power iteration
+# Gram matrices this large are measured after every iteration; smaller ones once, then the bound predicts (on 2 CPU
+# threads a measurement cost more than the iteration it could save at width 256, less at 1024)
+_MEASURED_SIZE = 512
 # the Gram deviation a projection stops at: float32 1e-6, a tenth of the 1e-5 training must keep (issue 32), and
 # float64 1e-13, both above their dtype's rounding floor at width 1024; fewer Björck iterations when the step left
 # less to remove
@@ -394,7 +397,8 @@ def project_weights_(entries: list[tuple[Tensor, Projection]]) -> list[int]:
     Björck runs as many iterations as each group needs to reach :data:`BJORCK_TOL` of its compute dtype, at most
     ``iters``: every group's Gram matrix (which its next iteration uses anyway) is measured
     (:func:`gram_deviation_bound`; all groups read in one host synchronisation per iteration), a group within the
-    tolerance stops, and an iteration that :func:`next_deviation_bound` shows to be the last is not measured after.
+    tolerance stops, and an iteration that :func:`next_deviation_bound` shows to be the last is not measured after;
+    a Gram matrix smaller than ``_MEASURED_SIZE`` is measured once and then runs the iterations the bound predicts.
     Returns the Björck iterations run per group (0 for a polar group)."""
     groups: dict[tuple, list[Tensor]] = {}
     for w, mark in entries:  # on the CPU one by one: its batched matmuls ran 15-20% slower than a loop of them
@@ -414,9 +418,15 @@ def project_weights_(entries: list[tuple[Tensor, Projection]]) -> list[int]:
             if d <= BJORCK_TOL[gram.dtype] or done[i] == cap:
                 continue
             current[i], done[i] = _bjorck_step(current[i], gram), done[i] + 1
+            d = next_deviation_bound(d)
+            if gram.shape[-1] >= _MEASURED_SIZE:  # measured again: an iteration costs more than a measurement
+                if d > BJORCK_TOL[gram.dtype] and done[i] < cap:
+                    grams[i] = _gram(current[i])
+            else:  # small: the iterations the first measurement predicts, no more host reads
+                while d > BJORCK_TOL[gram.dtype] and done[i] < cap:
+                    current[i], done[i] = _bjorck_step(current[i], _gram(current[i])), done[i] + 1
+                    d = next_deviation_bound(d)
             results[i] = current[i]
-            if next_deviation_bound(d) > BJORCK_TOL[gram.dtype] and done[i] < cap:
-                grams[i] = _gram(current[i])
     for i, P in results.items():
         weights, X = stacks[i][2], stacks[i][3]
         if len(weights) == 1:
