@@ -106,6 +106,23 @@ def test_on_the_cpu_each_layer_takes_its_own_count():
     assert counts[0] == counts[2] == 0 and counts[1] >= 1 and orthogonality_error(net) < 1e-12
 
 
+def test_dense_steps_on_random_layers_stay_within_the_tolerance_at_every_step():
+    # Adam-like steps (every entry moved by lr), 200 of them, float64: after each projection the error is within
+    # BJORCK_TOL, which three fixed iterations miss at this step size (the contrast, on the first step)
+    gen = torch.Generator().manual_seed(3)
+    layers = [_layer_at(_orthogonal(shape, seed)) for seed, shape in enumerate([(24, 24), (12, 30), (30, 12)])]
+    counts = []
+    for _ in range(200):
+        for layer in layers:
+            with torch.no_grad():
+                layer.weight.add_(3e-2 * torch.sign(torch.randn(layer.weight.shape, generator=gen,
+                                                                dtype=torch.float64)))
+            stepped = layer.weight.detach().clone()
+            counts += project_(layer)
+            assert orthogonality_error(layer.weight) <= BJORCK_TOL[torch.float64]
+    assert orthogonality_error(bjorck(stepped, 3)) > BJORCK_TOL[torch.float64] and max(counts) > 3
+
+
 def _trainer(optimizer, iters=DEFAULT_BJORCK_ITERS):
     task = tasks.build("teacher", in_features=10, num_classes=5, n_train=192, n_val=64, n_test=64, hidden=16)
     torch.manual_seed(0)
