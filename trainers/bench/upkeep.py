@@ -30,7 +30,7 @@ import models
 from models.orthogonal import bjorck, orthogonality_error, project_, projected_weights
 from trainers.bench.timing import SuiteProgress, classification_batch, engine_from_spec, time_round_robin
 
-__all__ = ["OPTIMIZERS", "CANDIDATES", "bench_upkeep_optimizers", "orthogonality_over_steps"]
+__all__ = ["OPTIMIZERS", "CANDIDATES", "UpkeepCandidate", "bench_upkeep_optimizers", "orthogonality_over_steps"]
 
 # optimizer name -> (torch class, its settings); geoopt's counterpart below
 OPTIMIZERS = {
@@ -58,7 +58,7 @@ def _fixed_bjorck_(weights: list[torch.Tensor], iters: int) -> None:
         w.copy_(bjorck(w, iters))
 
 
-class _Upkept:
+class UpkeepCandidate:
     """One candidate: the MLP, its optimizer and what runs after each optimizer step (``after()`` returns the Björck
     iterations it ran, or None), with the weights it keeps orthogonal."""
 
@@ -100,17 +100,17 @@ class _Upkept:
         return max(orthogonality_error(w) for w in self.weights)
 
 
-def _candidates(optimizer: str, **sizes) -> dict[str, _Upkept]:
+def _candidates(optimizer: str, **sizes) -> dict[str, UpkeepCandidate]:
     built = {}
     for candidate in CANDIDATES:
         try:
-            built[candidate] = _Upkept(candidate, optimizer, **sizes)
+            built[candidate] = UpkeepCandidate(candidate, optimizer, **sizes)
         except LookupError:
             continue
     return built
 
 
-def _block(run: _Upkept, engine, x, y, iterations: list[int]):
+def _block(run: UpkeepCandidate, engine, x, y, iterations: list[int]):
     """A block of ``_BLOCK`` training steps of ``run`` on (x, y) ("every 4" pays its projection once in each), the
     Björck iterations of each step appended to ``iterations``."""
     def steps():
