@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from sklearn.datasets import load_digits
 
+import tasks
 import trainers
 from trainers.bench.timing import engine_from_spec
 from trainers.bench.upkeep import UpkeepCandidate
@@ -32,10 +31,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench_out/adam_curve")
     args = parser.parse_args()
     trainers.set_threads("auto")
-    digits = load_digits()
-    X = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-    Y = torch.tensor(digits.target)
-    train, val = slice(0, 1437), slice(1437, None)  # the last 360 images for validation
+    digits = tasks.build("digits")  # its training split for the steps, its validation split for the curve
+    train, val = digits.train, digits.val
     engine = engine_from_spec("backprop")
     runs = {name: UpkeepCandidate(name, "adam", depth=args.depth, width=args.width, in_features=64, device="cpu")
             for name in CANDIDATES}
@@ -44,18 +41,15 @@ def main() -> None:
     worst = dict.fromkeys(CANDIDATES, 0.0)
     gen = torch.Generator().manual_seed(0)
     for step in range(1, args.steps + 1):
-        idx = torch.randint(0, 1437, (args.batch_size,), generator=gen)
+        idx = torch.randint(0, len(train.targets), (args.batch_size,), generator=gen)
         for name, run in runs.items():  # the same batch for both, one step of each in turn
             start = time.perf_counter()
-            run.optimizer.zero_grad(set_to_none=True)
-            engine.compute_grads(run.model, X[train][idx], Y[train][idx], F.cross_entropy)
-            run.optimizer.step()
-            run.after()
+            run.step(engine, train.inputs[idx], train.targets[idx])
             clock[name] += time.perf_counter() - start
             worst[name] = max(worst[name], run.error())
             if step % args.eval_every == 0 or step == args.steps:
                 with torch.no_grad():
-                    acc = (run.model(X[val]).argmax(-1) == Y[val]).float().mean().item()
+                    acc = (run.model(val.inputs).argmax(-1) == val.targets).float().mean().item()
                 curves[name].append((step, clock[name], acc))
     horizon = min(clock.values())
     out = Path(args.out)

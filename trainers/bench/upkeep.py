@@ -9,7 +9,7 @@ on the same MLP (its hidden layers orthogonal) and the same optimizer:
 * ``plain``: no upkeep (the layers marked, never projected): the baseline of every ratio;
 * ``Björck x3``: three Björck iterations after every step (the project's rule before issue 32);
 * ``Björck adaptive``: ``models.orthogonal.project_`` (as many iterations as the measured deviation needs to reach
-  ``BJORCK_TOL``, at most 3; the Gram matrix of the check reused by the first iteration);
+  ``BJORCK_TOL``, at most ``DEFAULT_BJORCK_ITERS``; the Gram matrix of the check reused by the first iteration);
 * ``Björck x3 every 4``: three iterations every fourth step;
 * ``expm``, ``cayley``: geotorch's trivializations (orthogonal by construction; the optimizer steps their
   unconstrained tensor);
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+import tasks
 from models.orthogonal import bjorck, orthogonality_error, project_, projected_weights
 from trainers.bench.timing import SuiteProgress, classification_batch, engine_from_spec, time_round_robin
 
@@ -85,6 +86,14 @@ class UpkeepCandidate:
         self.optimizer = cls(self.model.parameters(), **settings)
         self.candidate = candidate
 
+    def step(self, engine, x, y) -> tuple[torch.Tensor, int | None]:
+        """One training step on (x, y): the engine's gradients, the optimizer, the upkeep; returns the loss and
+        the Björck iterations it ran (None for an upkeep without them)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        out = engine.compute_grads(self.model, x, y, F.cross_entropy)
+        self.optimizer.step()
+        return out.loss, self.after()
+
     def after(self) -> int | None:
         self.steps += 1
         if self.candidate == "Björck adaptive":
@@ -115,10 +124,7 @@ def _block(run: UpkeepCandidate, engine, x, y, iterations: list[int]):
     Björck iterations of each step appended to ``iterations``."""
     def steps():
         for _ in range(_BLOCK):
-            run.optimizer.zero_grad(set_to_none=True)
-            engine.compute_grads(run.model, x, y, F.cross_entropy)
-            run.optimizer.step()
-            k = run.after()
+            _, k = run.step(engine, x, y)
             if k is not None:
                 iterations.append(k)
     return steps
@@ -151,34 +157,25 @@ def bench_upkeep_optimizers(*, optimizers, widths, depth, batch_size, steps, war
     return rows
 
 
-def orthogonality_over_steps(*, optimizers, steps, depth, width, batch_size, seed=0, device="cpu",
-                             on_step=None) -> list[dict]:
-    """Each candidate trained ``steps`` float32 steps on scikit-learn's digits (64 features, 10 classes, batches
-    drawn with ``seed``): the largest orthogonality error after any step, the last one, the mean Björck iterations,
-    and the final training loss (over the last 50 steps)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    X = torch.tensor(digits.data / 16.0, dtype=torch.float32, device=device)
-    Y = torch.tensor(digits.target, device=device)
+def orthogonality_over_steps(*, optimizers, steps, depth, width, batch_size, seed=0, device="cpu") -> list[dict]:
+    """Each candidate trained ``steps`` float32 steps on the digits task's training split (``tasks.build("digits")``,
+    64 standardized features, 10 classes; batches drawn with ``seed``): the largest orthogonality error after any
+    step, the last one, the mean Björck iterations, and the final training loss (over the last 50 steps)."""
+    train = tasks.build("digits").train
+    X, Y = train.inputs.to(device), train.targets.to(device)
     engine = engine_from_spec("backprop")
     rows = []
     for optimizer in optimizers:
         for name, run in _candidates(optimizer, depth=depth, width=width, in_features=64, device=device).items():
             gen = torch.Generator().manual_seed(seed)
             worst, iterations, losses = 0.0, [], []
-            for step in range(steps):
+            for _ in range(steps):
                 idx = torch.randint(0, len(X), (batch_size,), generator=gen).to(device)
-                run.optimizer.zero_grad(set_to_none=True)
-                out = engine.compute_grads(run.model, X[idx], Y[idx], F.cross_entropy)
-                run.optimizer.step()
-                k = run.after()
+                loss, k = run.step(engine, X[idx], Y[idx])
                 if k is not None:
                     iterations.append(k)
-                losses.append(float(out.loss))
+                losses.append(float(loss))
                 worst = max(worst, run.error())
-                if on_step is not None:
-                    on_step(optimizer, name, step + 1)
             rows.append({"suite": "upkeep-error", "trainer": "backprop", "optimizer": optimizer, "upkeep": name,
                          "steps": steps, "depth": depth, "width": width, "batch_size": batch_size, "max_error": worst,
                          "final_error": run.error(),
