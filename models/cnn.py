@@ -114,9 +114,10 @@ class _OrthoStack(nn.Module):
 
     def forward(self, x):
         h = self.input_features(x)  # (B, C, H, W)
-        for layer, dropout in zip(self.layers[:-1], self.dropouts, strict=True):
+        *hidden, last = self.layers  # (unpacked: a ModuleList's slice is a new ModuleList, 1 us a layer)
+        for layer, dropout in zip(hidden, self.dropouts, strict=True):
             h = self.act(dropout(layer(h)))  # (B, *shape_l)
-        return self.layers[-1](h)  # (B, d_L)
+        return last(h)  # (B, d_L)
 
 
 class OrthoLeNet(_OrthoStack):

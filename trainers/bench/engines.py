@@ -130,7 +130,7 @@ def bare_forward_only(model, x, y) -> list[torch.Tensor]:
     a list, with the biases' mean deltas their code intends (section 4, item 7): no .grad, no
     parametrizations, no checks."""
     with torch.inference_mode():
-        layers, act, batch = model.layers, model.act, x.shape[0]
+        layers, act, batch = list(model.layers), model.act, x.shape[0]
         drop = [d.p if d.training and d.p > 0 else 0.0 for d in model.dropouts]
         hs, h, masks = [x], x, []
         for layer, p in zip(layers[:-1], drop, strict=True):

@@ -27,9 +27,12 @@ mode keeps no per-layer tensor: it replays the RNG instead (``MaskReplay``), so 
 draws every mask twice per step.
 """
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules import module as module_hooks
 from torch.nn.utils import parametrize
 
 from models.orthogonal import route_weight_grad
@@ -40,7 +43,7 @@ from trainers.core.protocols import LayerStack, require
 from trainers.core.rng import set_torch_rng_state, torch_rng_state
 from trainers.engines.weights import weights_once
 
-__all__ = ["active_dropouts", "stack_forward", "apply_mask", "output_error", "layer_adjoint", "write_layer_grads",
+__all__ = ["active_dropouts", "stack_calls", "stack_forward", "apply_mask", "output_error", "layer_adjoint", "write_layer_grads",
            "linear_part", "MaskReplay", "ModulatedForward"]
 
 
@@ -62,29 +65,65 @@ def layer_adjoint(layer: nn.Module, v: torch.Tensor) -> torch.Tensor:
     return v @ layer.weight  # nn.Linear: (B, d_out) @ (d_out, d_in)
 
 
+_IN_PLACE_ACTIVATIONS = {nn.Tanh: torch.tanh_, nn.ReLU: torch.relu_, nn.Identity: lambda a: a}
+
+
+def _hook_free(module: nn.Module) -> bool:
+    return not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def _plain_linear(layer: nn.Module) -> bool:
+    """An ``nn.Linear`` (geotorch-parametrized or not) whose call is ``F.linear(h, weight, bias)``: no subclass
+    forward, no forward hooks."""
+    plain = type(layer) is nn.Linear or parametrize.type_before_parametrizations(layer) is nn.Linear
+    return plain and _hook_free(layer)
+
+
+def stack_calls(model) -> tuple[list, object]:
+    """The maps h -> A_l h + b_l of ``model.layers`` and the activation, as the passes call them.
+
+    A stack of plain ``nn.Linear`` layers (``_plain_linear``) with a tanh, ReLU or identity activation and no
+    global forward hooks gets direct calls: ``F.linear`` with each layer's weight and bias read once (inside
+    ``weights_once`` a parametrized W is the step's cached one) and the activation in place on the map's
+    fresh output. The same numbers as the module calls, about 3.5 us less per layer and pass (a module call
+    costs 4.9 us against 2.7 us, tanh 1.8 us against 0.6 us: about 3% of a FOTON step at depth 32, width 256,
+    batch 64; issue 32). Any other stack gets its modules, so that hooks (the Cayley retraction records the
+    forward calls by one) and other layers run as written."""
+    act = model.act
+    direct = (not (module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
+              and type(act) in _IN_PLACE_ACTIVATIONS and _hook_free(act)
+              and all(_plain_linear(layer) for layer in model.layers))
+    if not direct:
+        return list(model.layers), act
+    return ([functools.partial(F.linear, weight=layer.weight, bias=layer.bias) for layer in model.layers],
+            _IN_PLACE_ACTIVATIONS[type(act)])
+
+
 def active_dropouts(model) -> list:
     """Each hidden layer's dropout module, or None where it is the identity (eval mode or p = 0): a call
     skipped is a Python module call saved per layer and pass."""
     return [d if d.training and d.p > 0 else None for d in model.dropouts]
 
 
-def stack_forward(model, h0, *, keep: bool, masks: list | None = None):
+def stack_forward(model, h0, *, keep: bool, masks: list | None = None, calls: tuple | None = None):
     """Clean pass from h_0; returns ([h_0 .. h_{L-1}] if keep else [], y). With ``masks`` (a list), the
     scaled mask each hidden layer's dropout drew is appended to it (None where the dropout is the identity),
-    for a second pass over the same batch (``apply_mask``)."""
+    for a second pass over the same batch (``apply_mask``). ``calls``: ``stack_calls(model)`` if the caller
+    has it."""
+    maps, act = stack_calls(model) if calls is None else calls
     hs = [h0] if keep else []
     h = h0
-    for layer, dropout in zip(model.layers[:-1], active_dropouts(model), strict=True):
+    for layer, dropout in zip(maps[:-1], active_dropouts(model), strict=True):
         a = layer(h)
         if dropout is not None:
             mask = dropout.mask_for(a)
             a = a * mask
         if masks is not None:
             masks.append(None if dropout is None else mask)
-        h = model.act(a)  # (B, *shape_l)
+        h = act(a)  # (B, *shape_l)
         if keep:
             hs.append(h)
-    return hs, model.layers[-1](h)  # (B, d_L)
+    return hs, maps[-1](h)  # (B, d_L)
 
 
 def apply_mask(a: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -127,16 +166,18 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
     alpha = scale / batch
     linear = linear_part(layer)
     if linear is not None:
-        d = delta.reshape(batch, -1)  # (B, d_out)
-        h = presynaptic.reshape(batch, -1)
+        d = delta if delta.dim() == 2 else delta.reshape(batch, -1)  # (B, d_out)
+        h = presynaptic if presynaptic.dim() == 2 else presynaptic.reshape(batch, -1)
         G = torch.addmm(d.new_zeros(()), d.T, h, beta=0, alpha=alpha)  # (d_out, d_in)
-        if parametrize.is_parametrized(linear, "weight"):
+        # a parametrized layer's class is a subclass of nn.Linear; the type test spares is_parametrized's 1.6 us
+        if type(linear) is not nn.Linear and parametrize.is_parametrized(linear, "weight"):
             route_weight_grad(linear, G)
         else:
             linear.weight.grad = G  # the shape is the weight's by construction
         record_layer_grads(linear, d, presynaptic, alpha)  # the factors of G, for a Cayley retraction
-        if linear.bias is not None:
-            linear.bias.grad = d.sum(0).mul_(alpha)
+        bias = linear.bias
+        if bias is not None:  # sum(d) alpha; a mean is one operation where scale is 1 (1.5 us a layer)
+            bias.grad = d.mean(0) if scale == 1 else d.sum(0).mul_(alpha)
         return
     params = [p for p in layer.parameters() if p.requires_grad]
     with torch.enable_grad():
@@ -201,23 +242,25 @@ class ModulatedForward(GradientEngine):
         return 1.0
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
-        batch, layers, T = inputs.shape[0], model.layers, self.temperature()
+        # list(): a ModuleList's slice is a new ModuleList, built at 1 us a layer
+        batch, layers, T = inputs.shape[0], list(model.layers), self.temperature()
         with weights_once(model), torch.no_grad():
             # clean pass, keeping h_0 .. h_{L-1} and the dropout masks
             h0 = model.input_features(inputs)
             masks: list = []
-            clean, y = stack_forward(model, h0, keep=True, masks=masks)
+            maps, act = calls = stack_calls(model)
+            clean, y = stack_forward(model, h0, keep=True, masks=masks, calls=calls)
             e = output_error(y, targets, loss_fn, T)  # (B, d_L)
             # modulated pass with the same masks; hidden updates on the fly
             s = self.error_scale()
             h = h0 + (self.sign * s) * self.feedback(model, h0, e)
-            for i, (layer, mask) in enumerate(zip(layers[:-1], masks, strict=True)):
+            for i, (layer, layer_map, mask) in enumerate(zip(layers[:-1], maps[:-1], masks, strict=True)):
                 previous = h
-                h = model.act(apply_mask(layer(h), mask))  # h~_l
+                h = act(apply_mask(layer_map(h), mask))  # h~_l
                 presynaptic = previous if self.modulated_presynaptic else clean[i]
                 write_layer_grads(layer, presynaptic, clean[i + 1] - h, batch, scale=1 / s)
             # output layer
-            err = output_error(layers[-1](h), targets, loss_fn, T) if self.modulated_output_error else e
+            err = output_error(maps[-1](h), targets, loss_fn, T) if self.modulated_output_error else e
             write_layer_grads(layers[-1], h if self.modulated_presynaptic else clean[-1], err, batch)
             loss = loss_fn(y, targets)
         return StepOutput(loss=loss, outputs=y)

@@ -73,7 +73,8 @@ def _closed_form_derivative(model):
 
 def _weight_version(layer: nn.Linear) -> tuple:
     """What A_l depends on, as (storage, version) pairs: the weight, or a parametrization's tensors."""
-    if parametrize.is_parametrized(layer, "weight"):
+    # a parametrized layer's class is a subclass of nn.Linear; the type test spares is_parametrized's 1.6 us
+    if type(layer) is not nn.Linear and parametrize.is_parametrized(layer, "weight"):
         return tuple((t.data_ptr(), t._version) for t in (*layer.parameters(), *layer.buffers()))
     return layer.weight.data_ptr(), layer.weight._version
 
@@ -137,8 +138,9 @@ class Foton(ModulatedForward):
         """F^T = A_L ... A_1, (d_L, d_0), output-first: cost d_L sum_l d_l d_{l-1}; cached by weight versions."""
         key = tuple(_weight_version(layer) for layer in model.layers)
         if self._dense is None or self._dense[0] != key:
-            F_T = model.layers[-1].weight  # (d_L, d_{L-1})
-            for layer in reversed(model.layers[:-1]):
+            *hidden, last = model.layers
+            F_T = last.weight  # (d_L, d_{L-1})
+            for layer in reversed(hidden):
                 F_T = F_T @ layer.weight  # (d_L, d_{l-1})
             self._dense = (key, F_T)
         return self._dense[1]
@@ -164,7 +166,7 @@ class Foton(ModulatedForward):
     def _jvp_lockstep(self, model, inputs, targets, loss_fn) -> StepOutput:
         """``jvp`` mode with active dropout or another layer or activation: a first pass takes e and keeps the
         dropout masks, then (h_l, J_l F e) layer by layer, a forward-mode JVP along F e with the same masks."""
-        batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
+        batch, layers, T = inputs.shape[0], list(model.layers), self.options.temperature
         with weights_once(model), torch.no_grad():
             h0 = model.input_features(inputs)
             masks: list = []
@@ -188,7 +190,7 @@ class Foton(ModulatedForward):
         """``lowmem`` mode: a first pass takes only e (nothing kept), then the clean and modulated passes run in
         lockstep with one mask per layer, drawn again by replaying the RNG (``MaskReplay``): no tensor per
         layer outlives its layer, at the price of drawing every mask twice."""
-        batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
+        batch, layers, T = inputs.shape[0], list(model.layers), self.options.temperature
         with weights_once(model), torch.no_grad(), MaskReplay() as replay:
             h0 = model.input_features(inputs)
             _, y = stack_forward(model, h0, keep=False)
@@ -212,7 +214,7 @@ class Foton(ModulatedForward):
         the tangent t_l = act'(h_l) * (W_l t_{l-1}), t_0 = F e, takes act' from h_l (1 - h^2, h > 0, 1).
         The same numbers as the lockstep path, with one forward pass and no second activation: the
         cost profile of backprop (three products per layer)."""
-        batch, layers, T = inputs.shape[0], model.layers, self.options.temperature
+        batch, layers, T = inputs.shape[0], list(model.layers), self.options.temperature
         derivative = _closed_form_derivative(model)
         with weights_once(model), torch.no_grad():
             h0 = model.input_features(inputs)
