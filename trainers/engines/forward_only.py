@@ -176,8 +176,8 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
             linear.weight.grad = G  # the shape is the weight's by construction
         record_layer_grads(linear, d, presynaptic, alpha)  # the factors of G, for a Cayley retraction
         bias = linear.bias
-        if bias is not None:  # sum(d) alpha; a mean is one operation where scale is 1 (1.5 us a layer)
-            bias.grad = d.mean(0) if scale == 1 else d.sum(0).mul_(alpha)
+        if bias is not None:  # alpha sum(d) as one matrix-vector product: 2% of a FOTON step at width 256
+            bias.grad = torch.mv(d.T, d.new_full((batch,), alpha))  # against sum().mul_() or mean()
         return
     params = [p for p in layer.parameters() if p.requires_grad]
     with torch.enable_grad():
