@@ -14,6 +14,8 @@
 #   upkeep_optimizers                  orthogonal / plain step under momentum SGD, Adam, AdamW: Björck x3, adaptive,
 #                                      x3 every 4 steps, geotorch expm and cayley, geoopt; depth 4, width 256, 1024,
 #                                      batch 64 (issue 32)
+#   grads_foton_b<batch>               gradient computation alone, FOTON against backprop (and the bare pass) on the
+#                                      orthogonal tanh MLP, depth 8, 32, 64, width 256, 1024 (issue 32, item 1)
 # <precision> is tf32 and fp32 on CUDA. OUT/times.txt has the seconds each part took.
 #   usage: scripts/gpu_rows.sh [OUT]         on the GPU (DEVICE=cuda; PYTHON=python)
 #          DRY_RUN=1 scripts/gpu_rows.sh OUT  the same commands at tiny sizes on the CPU, in seconds
@@ -26,10 +28,11 @@ mkdir -p "$out"
 : > "$out/times.txt"
 if [ "${DRY_RUN:-0}" = 1 ]; then
   device=cpu precisions=fp32
-  lengths="8" hidden=8 rbatch=4 rdepth=3 widths=8 depths=2 batch=8 batches=4 steps=20 warmup=1 obatch=4
+  lengths="8" hidden=8 rbatch=4 rdepth=3 widths=8 depths=2 fdepths=2 batch=8 batches=4 steps=20 warmup=1 obatch=4
 else
   device=${DEVICE:-cuda} precisions="tf32 fp32"
-  lengths="256 1024" hidden=512 rbatch=128 rdepth=32 widths=256,1024 depths=8,32 batch=256 batches=64,256
+  lengths="256 1024" hidden=512 rbatch=128 rdepth=32 widths=256,1024 depths=8,32 fdepths=8,32,64 batch=256
+  batches=64,256
   steps=30 warmup=5 obatch=64
 fi
 common=(--device "$device" --steps "$steps" --warmup "$warmup")
@@ -61,4 +64,7 @@ part upkeep --suite upkeep --trainers 'backprop;foton' --depths "$depths" --widt
 part grads_ortho_lenet --suite grads --grads-model ortho_lenet --trainers 'backprop;fa;dfa;foton;pepita' \
     --batch-size "$obatch"
 part upkeep_optimizers --suite upkeep-optimizers --depths 4 --widths "$widths" --batch-size "$obatch"
+for b in ${batches//,/ }; do
+  part "grads_foton_b$b" --suite grads --trainers 'backprop;foton' --depths "$fdepths" --widths "$widths" --batch-size "$b"
+done
 cat "$out/times.txt"

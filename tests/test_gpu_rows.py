@@ -18,6 +18,7 @@ TABLES = {  # in the order the script runs them (on a GPU each highway table als
     "upkeep": ["backprop"] * 3 + ["foton"] * 3,
     "grads_ortho_lenet": ["backprop", "fa", "dfa", "foton", "pepita"],
     "upkeep_optimizers": None,  # backprop under each optimizer and upkeep (geoopt's where it is installed)
+    "grads_foton_b4": ["backprop", "foton", "bare forward-only pass"],
 }
 
 def test_dry_run_writes_every_table(tmp_path):
