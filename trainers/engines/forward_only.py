@@ -43,8 +43,8 @@ from trainers.core.protocols import LayerStack, require
 from trainers.core.rng import set_torch_rng_state, torch_rng_state
 from trainers.engines.weights import weights_once
 
-__all__ = ["active_dropouts", "stack_calls", "stack_forward", "apply_mask", "output_error", "layer_adjoint", "write_layer_grads",
-           "linear_part", "MaskReplay", "ModulatedForward"]
+__all__ = ["active_dropouts", "stack_calls", "stack_forward", "apply_mask", "output_error", "layer_adjoint",
+           "write_layer_grads", "linear_part", "MaskReplay", "ModulatedForward"]
 
 
 _MEAN_CROSS_ENTROPY = (F.cross_entropy, cross_entropy_loss)  # losses whose output error has a closed form
