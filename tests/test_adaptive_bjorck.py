@@ -84,6 +84,22 @@ def test_projection_runs_only_the_iterations_the_deviation_needs(shape):
     assert counts == sorted(counts) and counts[0] < counts[-1]  # a larger step takes more iterations
 
 
+def test_a_scaled_orthogonal_weight_follows_the_scalar_recursion_worked_here():
+    # W = s Q: every singular value is s, so k Björck iterations give sigma_k Q with
+    # sigma_{j+1} = 3/2 sigma_j - 1/2 sigma_j^3, and the Gram deviation after j iterations is |sigma_j^2 - 1|
+    Q = _orthogonal((12, 12))
+    tol = BJORCK_TOL[torch.float64]
+    for s in [1.02, 0.97, 1.2]:
+        layer = _layer_at(s * Q)
+        (k,) = project_(layer)
+        sigmas = [s]
+        while len(sigmas) <= DEFAULT_BJORCK_ITERS:
+            sigmas.append(1.5 * sigmas[-1] - 0.5 * sigmas[-1] ** 3)
+        assert torch.allclose(layer.weight, sigmas[k] * Q, atol=1e-14, rtol=0)
+        fewest = next(j for j, sigma in enumerate(sigmas) if abs(sigma * sigma - 1) <= tol)
+        assert fewest <= k <= fewest + 1, (s, k, fewest)
+
+
 def test_an_orthogonal_weight_is_left_alone_and_a_far_one_is_measured_until_it_converges():
     Q = _orthogonal((12, 12))
     layer = _layer_at(Q.clone())
