@@ -18,7 +18,11 @@ runs the model's own forward calls it through ``models.call_model`` (or
 the forward takes them and reads the output out of a tuple, dict or object
 (``models/adapters/calling.py``), so users' models need no wrapper.
 ``engine.check(model)`` raises ``IncompatibleModelError`` with one line saying
-what the engine needs and which zoo models qualify.
+what the engine needs and which zoo models qualify. An engine that finds or is
+given a structure in a user's model (a residual stack, the layers whose backward
+it replaces) proves its exact setting on the first batch
+(``engine.first_batch_check``, ``trainers.core.self_check``) and refuses in one
+``ModelConfigError`` line where it is not autograd.
 
 An engine is one file: a subclass of ``GradientEngine`` with a nested
 ``Options`` dataclass (``trainers.core.options.option`` fields), registered with
@@ -62,23 +66,17 @@ def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | N
 
 
 def _checked_first(compute_grads):
-    """``compute_grads`` that runs ``self.check(model)`` the first time it sees ``model`` (an engine given a model
-    it cannot train says so in one line, instead of failing inside its arithmetic), and chooses the process's
-    CPU threads on its first step, as the command line does (``trainers.core.threads.threads_for_api``)."""
+    """``compute_grads`` that first runs ``self.prepare`` on the batch (once per model)."""
     @functools.wraps(compute_grads)
-    def wrapper(self, model, *args, **kwargs):
-        checked = self.__dict__.setdefault("_checked_models", weakref.WeakSet())
-        if model not in checked:
-            threads_for_api()
-            self.check(model)
-            checked.add(model)
-        return compute_grads(self, model, *args, **kwargs)
+    def wrapper(self, model, inputs, targets, loss_fn):
+        self.prepare(model, inputs, targets, loss_fn)
+        return compute_grads(self, model, inputs, targets, loss_fn)
     return wrapper
 
 
 class GradientEngine:
     """Base class of all engines (see the module docstring for the contract). Every subclass's
-    ``compute_grads`` runs ``check`` on a model it has not seen before."""
+    ``compute_grads`` runs ``prepare`` (``check``, ``first_batch_check``) on a model it has not seen before."""
 
     name: ClassVar[str] = ""
 
@@ -96,6 +94,24 @@ class GradientEngine:
 
     def check(self, model: nn.Module) -> None:
         """Raise ``IncompatibleModelError`` if this engine cannot train ``model``."""
+
+    def first_batch_check(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                          loss_fn: LossFn) -> None:
+        """Raise ``ModelConfigError`` (one line) if this engine's exact setting on the structure it found or was
+        given in ``model`` does not give autograd's gradients on this batch (``trainers.core.self_check``);
+        nothing to check by default."""
+
+    def prepare(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn) -> None:
+        """The first time this engine sees ``model``: choose the process's CPU threads as the command line does
+        (``trainers.core.threads.threads_for_api``), ``check`` (a model it cannot train is one line, not a failure
+        inside its arithmetic) and ``first_batch_check`` on this batch. The Trainer calls it before anything is
+        written; ``compute_grads`` calls it on its first batch."""
+        checked = self.__dict__.setdefault("_checked_models", weakref.WeakSet())
+        if model not in checked:
+            threads_for_api()
+            self.check(model)
+            self.first_batch_check(model, inputs, targets, loss_fn)
+            checked.add(model)
 
     def compute_grads(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                       loss_fn: LossFn) -> StepOutput:

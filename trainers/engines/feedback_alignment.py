@@ -61,7 +61,7 @@ from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
 from trainers.core.protocols import LayerStack, require
 from trainers.core.registry import register_engine
-from trainers.engines.feedback_layers import LocalFeedback, covered_layers
+from trainers.engines.feedback_layers import LocalFeedback, check_layer_path, covered_layers
 from trainers.engines.forward_only import linear_part, output_error, write_layer_grads
 from trainers.engines.weights import weights_once
 
@@ -118,6 +118,9 @@ class _RandomFeedback(GradientEngine):
         path: Literal["auto", "stack", "layers"] = option(
             "auto", "stack: the layer-stack pass (no backward through the network); layers: every weight layer's "
                     "backward swapped, autograd elsewhere (any model); auto: stack on a layer stack")
+        self_check: bool = option(
+            True, "on the first batch of the layer path, each covered layer's function equals its forward and FA "
+                  "with B = W equals autograd, or the model is refused in one line; false: skip (checked once)")
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -144,6 +147,12 @@ class _RandomFeedback(GradientEngine):
                                          f"linear maps with an adjoint and one weight): random feedback replaces "
                                          f"their transposes; {type(model).__name__} has {others[0]} (zoo models that "
                                          f"qualify: {_ZOO})")
+
+    def first_batch_check(self, model, inputs, targets, loss_fn) -> None:
+        """The layer path's self-check (``trainers.engines.feedback_layers.check_layer_path``); the stack path
+        needs none: its layers are the declared stack's."""
+        if self.options.self_check and not self._stack_path(model):
+            check_layer_path(model, inputs, targets, loss_fn, self.name)
 
     def feedback_shapes(self, layers: list[nn.Module], hidden: list[torch.Size],
                         outputs: int) -> list[tuple[tuple[int, ...], int]]:

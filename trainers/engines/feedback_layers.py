@@ -28,6 +28,12 @@ lm_head is wte) gets the sum of both uses. Random tensors: U(-1/sqrt(fan_in), 1/
 with the fan-in of the map they replace (FA: the layer's input width or C_in k^2 / groups; DFA:
 d_y), each drawn when first needed from a generator seeded by (feedback_seed, the layer's index
 among the covered layers), never trained, saved in checkpoints.
+
+The layer path's self-check (``check_layer_path``, on the first batch, ``trainers.core.self_check``): each
+covered layer's function on the input it received in the model's own forward gives the output the layer
+gave (a layer that computes its weight or padding in its forward, as timm's StdConv2d and Conv2dSame do, is
+refused, named), and FA with every feedback set to its forward weight is autograd of the model's own
+forward, on every parameter (FA with B = W is backprop).
 """
 
 import math
@@ -39,8 +45,11 @@ from torch import nn
 
 from models.adapters.calling import call_model
 from models.adapters.discovery import replaced_forwards
+from models.errors import ModelConfigError, one_line
+from trainers.core.engine import trainable_parameters
+from trainers.core.self_check import differences, quiet, refuse_differences, tolerance
 
-__all__ = ["covered_layers", "LocalFeedback"]
+__all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -106,6 +115,10 @@ class _Conv:
         return weight[0].numel()
 
 
+def _kind(module: nn.Module) -> _Dense | _Conv:
+    return _Conv(module) if isinstance(module, nn.Conv2d) else _Dense(module)
+
+
 class _LocalBackward(torch.autograd.Function):
     """The layer's forward; a backward whose input gradient is ``feed(delta, x)`` (module docstring)."""
 
@@ -169,7 +182,7 @@ class LocalFeedback:
 
     def _forward(self, index: int, name: str, module: nn.Module) -> Callable:
         """The layer's forward through ``_LocalBackward``."""
-        kind = _Conv(module) if isinstance(module, nn.Conv2d) else _Dense(module)
+        kind = _kind(module)
         feed = self._feed(index, name, module, kind)
         return lambda x: _LocalBackward.apply(x, module.weight, module.bias, kind, feed)
 
@@ -188,3 +201,56 @@ class LocalFeedback:
 
     def _keep_error(self, e: torch.Tensor) -> None:
         self._e = e  # dL/dy: reaches the output before any layer's backward runs
+
+
+def _layer_records(model: nn.Module, inputs, targets) -> tuple[torch.Tensor, list]:
+    """The model's own outputs, and (name, module, input, output) of every covered layer's calls in it (copies:
+    a later in-place operation may change them)."""
+    records, handles = [], []
+    for name, module in covered_layers(model):
+        def keep(module, args, output, name=name):
+            if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
+                records.append((name, module, args[0].detach().clone(), output.detach().clone()))
+        handles.append(module.register_forward_hook(keep))
+    try:
+        with torch.no_grad():
+            outputs = call_model(model, inputs, targets).outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs, records
+
+
+def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str) -> None:
+    """The layer path's self-check (module docstring): one ``ModelConfigError`` line if a covered layer's
+    function is not its forward, if FA with B = W fails, or if its gradients are not autograd's."""
+    named = trainable_parameters(model)
+    params = [p for _, p in named]
+    opt_out = f"--{engine}-self-check false (Python: self_check=False)"
+    with quiet(model):
+        _, records = _layer_records(model, inputs, targets)
+        for name, module, x, y in records:
+            with torch.no_grad():
+                mine = _kind(module).forward(x, module.weight, module.bias)
+            if mine.shape != y.shape or differences([name], [mine], [y], y.dtype):
+                gap = "shapes differ" if mine.shape != y.shape else f"{float((mine - y).abs().max()):.2g}"
+                raise ModelConfigError(
+                    f"self-check: trainer '{engine}' runs {name} ({type(module).__name__}) as "
+                    f"{'a convolution' if isinstance(module, nn.Conv2d) else 'a dense layer'} of its weight, which "
+                    f"is not what its forward computes on the first batch (largest difference {gap}, tolerance "
+                    f"{tolerance(y.dtype):g}): a weight or padding computed in its forward (weight standardisation, "
+                    f"same padding) that the random feedback's layer function bypasses; train this model with "
+                    f"backprop ({opt_out} skips the check)")
+        outputs = call_model(model, inputs, targets).outputs
+        expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True)
+        mirror = LocalFeedback(direct=False, seed=0)  # FA with B = W: backprop
+        mirror.feedback = {name: module.weight.detach() for name, module in covered_layers(model)}
+        try:
+            got = mirror.compute(model, inputs, targets, loss_fn, params)[2]
+        except Exception as err:  # a layer output changed in place, a layer that computes in another dtype
+            raise ModelConfigError(f"self-check: trainer '{engine}' cannot run this model's layers through its layer "
+                                   f"functions ({one_line(err)}); train it with backprop") from None
+    refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
+                       [n for n, _ in named], got, expected, params[0].dtype,
+                       "a layer whose backward the feedback replaces computes more than its weight and input show, "
+                       "or a weight used outside its layer; train this model with backprop", opt_out)

@@ -53,7 +53,9 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from models.adapters.calling import forward_loss
+from models.adapters.calling import call_model, forward_loss
+from models.adapters.discovery import ResidualFound
+from models.adapters.residual import ResidualView
 from models.dropout import ConsistentDropout
 from models.recurrent import previous_states
 from models.scan import METHODS, reverse_scan
@@ -63,6 +65,7 @@ from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
 from trainers.core.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
 from trainers.core.registry import register_engine
+from trainers.core.self_check import quiet, refuse_differences
 
 __all__ = ["Highway", "highway_iterations"]
 
@@ -116,6 +119,19 @@ def highway_iterations(e: torch.Tensor, carry: torch.Tensor, back: Callable[[tor
             if rel <= tol:
                 break
     return w, used, rel
+
+
+def exact_cotangents(e: torch.Tensor, carry: torch.Tensor, back_one: Callable[[int, torch.Tensor], torch.Tensor]
+                     ) -> torch.Tensor:
+    """The limit w^k reaches at k >= n, by backprop along the chain: w_n = e_n and, from the top down,
+    w_j = e_j + w_{j+1} K_{j+1} + v_j with v_j = ``back_one(j, w_{j+1})`` = w_{j+1} J_{j+1} (one VJP through
+    one branch). Highway-BP's iterations sum the same paths by the number of branches they cross; this sums
+    them by where they start, in n VJPs in all (one backward) instead of k + 1 rounds of n."""
+    w = [e[-1]]
+    for j in reversed(range(e.shape[0] - 1)):
+        a = carry if carry.numel() == 1 else carry[j]
+        w.append(e[j] + a * w[-1] + back_one(j, w[-1]))
+    return torch.stack(w[::-1])
 
 
 def _combine_derivatives(blocks, inputs, outputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,6 +214,19 @@ class _Depth:
         Dz = self.Dz
         return W.unsqueeze(1) * Dz if Dz.dim() == W.dim() + 1 else W * Dz
 
+    def at_branch_one(self, j: int, w: torch.Tensor) -> torch.Tensor:
+        """``at_branch`` for block j alone."""
+        Dz = self.Dz if self.Dz.numel() == 1 else self.Dz[j]
+        return w.unsqueeze(0) * Dz if Dz.dim() == w.dim() + 1 else w * Dz
+
+    def back_one(self, j: int, w: torch.Tensor) -> torch.Tensor:
+        """(w dr_j/dz) dg_j/dh: the cotangent at block j's input through its branch alone, from ``w`` at its
+        output (``back`` with every other block's cotangent zero)."""
+        c = self.at_branch_one(j, w)
+        C = torch.zeros((len(self.blocks), *c.shape), dtype=c.dtype, device=c.device)
+        C[j] = c
+        return self.back(C)[j]
+
 
 class _ReferenceDepth(_Depth):
     """One graph per block from the forward; one VJP per block per round (the oracle)."""
@@ -220,13 +249,17 @@ class _ReferenceDepth(_Depth):
         return torch.stack([torch.autograd.grad(z, x, c, retain_graph=True)[0]
                             for z, x, c in zip(self.branches, self.inputs, C, strict=True)])
 
+    def back_one(self, j: int, w: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad(self.branches[j], self.inputs[j], self.at_branch_one(j, w), retain_graph=True)[0]
+
     def parameter_grads(self, C) -> dict[int, torch.Tensor]:
-        out = {}
+        """id(parameter) -> its gradient, summed over the sublayers that read it (a split block's two sublayers
+        share its parameters: the second's layer scale of the first, multiplied by the zeros it is given, adds
+        a zero, never replaces the first's)."""
+        out: dict[int, torch.Tensor] = {}
         for block, z, c in zip(self.blocks, self.branches, C, strict=True):
             params = [p for p in block.parameters() if p.requires_grad]
-            for p, g in zip(params, torch.autograd.grad(z, params, c, allow_unused=True), strict=True):
-                if g is not None:
-                    out[id(p)] = g
+            _accumulate(out, zip(map(id, params), torch.autograd.grad(z, params, c, allow_unused=True), strict=True))
         return out
 
 
@@ -268,15 +301,15 @@ class _BatchedDepth(_Depth):
         return V
 
     def parameter_grads(self, C) -> dict[int, torch.Tensor]:
-        out = {}
+        out: dict[int, torch.Tensor] = {}
         for idx, members, params, _, Z in self.groups:
             names = [n for n, p in params.items() if p.requires_grad]
             grads = torch.autograd.grad(Z, [params[n] for n in names], C[idx], allow_unused=True)
             for name, g in zip(names, grads, strict=True):
                 if g is None:
                     continue
-                for j, block in enumerate(members):
-                    out[id(block.get_parameter(name[len("block."):]))] = g[j]
+                _accumulate(out, ((id(block.get_parameter(name[len("block."):])), g[j])
+                                  for j, block in enumerate(members)))
         return out
 
 
@@ -294,6 +327,9 @@ class Highway(GradientEngine):
             "auto", "batched VJPs (vmap over like blocks / all time steps) or one VJP per block or step "
                     "(reference); auto: batched, except residual stacks on the CPU or with dropout")
         scan: Literal[METHODS] = option("auto", "CumSumProd form (auto: sequential on CPU, chunked on GPU)")
+        self_check: bool = option(
+            True, "on the first batch, a found or declared residual stack proves that its exact setting (k >= L) "
+                  "is autograd of the model's own forward, or is refused in one line; false: skip (checked once)")
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -316,6 +352,28 @@ class Highway(GradientEngine):
             f"layers; {type(model).__name__} is neither{refusal(model)}: find one with "
             f"models.residual_stack(model, example=inputs) (the command line does), or declare it "
             f"(zoo models that qualify: {_ZOO})")
+
+    def first_batch_check(self, model, inputs, targets, loss_fn) -> None:
+        """A residual stack found or declared in a user's model (``models.residual_stack``), every segment's
+        cotangents exact (``exact_cotangents``: what k >= L computes, through the same stem, blocks, combines
+        and head), against autograd of the user's model on this batch (``trainers.core.self_check``)."""
+        if not self.options.self_check or not isinstance(model, (ResidualFound, ResidualView)):
+            return
+        named = trainable_parameters(model)
+        params = [p for _, p in named]
+        with quiet(model):
+            outputs = call_model(model.model, inputs, targets).outputs
+            expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True)
+            by_param = self._depth_step(model, params, inputs, targets, loss_fn, exact=True)[2]
+        names = [n.removeprefix("model.") for n, _ in named]
+        blocks = {id(p) for block in model.blocks for p in block.parameters()}
+        outside = {name for name, p in zip(names, params, strict=True) if id(p) not in blocks}
+        found = f"the residual stack found ({model.found.partition(' as ')[0]})" if isinstance(model, ResidualFound) \
+            else "the declared residual stack"
+        refuse_differences(f"Highway-BP at k >= L on {found}",
+                           names, [by_param.get(id(p)) for p in params], expected, params[0].dtype,
+                           lambda wrong: _likely_cause(model, any(n in outside for n in wrong)),
+                           "--highway-self-check false (Python: self_check=False)")
 
     def _iterate(self, e, carry, back, dim):
         w, used, rel = highway_iterations(e, carry, back, k=self.options.k, tol=self.options.tol,
@@ -341,7 +399,9 @@ class Highway(GradientEngine):
 
     # ---- residual stacks: depth is the index ------------------------------------------------
 
-    def _depth_step(self, model, params, inputs, targets, loss_fn):
+    def _depth_step(self, model, params, inputs, targets, loss_fn, exact: bool = False):
+        """(outputs, loss, id(parameter) -> gradient) of one step on a residual stack; ``exact``: every
+        segment's cotangents by ``exact_cotangents`` (the first-batch self-check) instead of k iterations."""
         h = model.stem(inputs, targets) if getattr(model, "stem_reads_targets", False) else model.stem(inputs)
         h0 = h
         batched = self.options.path == "batched" or (
@@ -368,11 +428,11 @@ class Highway(GradientEngine):
                 e, *own_grads = torch.autograd.grad(y, [x, *own], e, allow_unused=True)
                 _accumulate(grads, zip(map(id, own), own_grads, strict=True))
             else:
-                e = self._segment_backward(segment, e, grads)
+                e = self._segment_backward(segment, e, grads, exact)
         _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, e, allow_unused=True), strict=True))
         return outputs, loss, grads
 
-    def _segment_backward(self, stack, e_top: torch.Tensor, grads: dict) -> torch.Tensor:
+    def _segment_backward(self, stack, e_top: torch.Tensor, grads: dict, exact: bool = False) -> torch.Tensor:
         """Highway-BP over one run of blocks whose states share a shape: w^k at positions s_0 .. s_n from
         the cotangent at s_n; the blocks' parameter gradients added to ``grads``; returns w^k_0."""
         n = len(stack.blocks)
@@ -383,7 +443,7 @@ class Highway(GradientEngine):
         def back(W):  # v_j = (w_{j+1} dr/dz) dg_{j+1}/dh, v_n = 0
             return torch.cat([stack.back(stack.at_branch(W[1:])), torch.zeros_like(W[:1])])
 
-        W = self._iterate(e, carry, back, dim=0)
+        W = exact_cotangents(e, carry, stack.back_one) if exact else self._iterate(e, carry, back, dim=0)
         _accumulate(grads, stack.parameter_grads(stack.at_branch(W[1:])).items())
         return W[0]
 
@@ -429,6 +489,22 @@ class Highway(GradientEngine):
         if self.options.tol > 0:
             out["highway_delta"] = max(self._rel)
         return out
+
+
+def _likely_cause(model, outside: bool) -> str:
+    """Why a residual stack's gradients may differ from its model's, and what to do (the self-check's words);
+    ``outside``: some parameter that differs lies outside the blocks."""
+    if isinstance(model, ResidualView):
+        return ("the declared stem, blocks and head compute the model's forward but not its gradient: a module or "
+                "tensor the blocks read besides the state, or a parameter used inside and outside them; declare "
+                "them so that the blocks read only the state, or train with backprop")
+    if outside:
+        return ("parameters outside the blocks found (the stem, an encoder, a shared table) reach them other than "
+                "through the state: a side input Highway-BP does not follow, or a second chain of blocks not found; "
+                "declare the stack by hand (models.residual_stack(model, stem=, blocks=, head=)) or train with "
+                "backprop")
+    return ("the blocks found, split into residual sublayers (branch and combine), do not give their own gradients "
+            "(a layer scale, or a combine other than h + z); declare the stack by hand or train with backprop")
 
 
 def _accumulate(grads: dict, items) -> None:

@@ -120,6 +120,9 @@ class Trainer:
         engine.check(model)
         self.model = model.to(device=self.device, dtype=self.dtype)
         check_task_model(self.model, task, self.device, self.dtype)
+        first = slice(0, min(cfg.batch_size, len(task.train)))  # the engine's self-check, before anything is written
+        engine.prepare(self.model, to_device(task.train.inputs[first], self.device, self.dtype),
+                       task.train.targets[first].to(self.device), task.loss_fn)
         self.engine, self.task, self.clock = engine, task, clock
         self.evaluate_test = evaluate_test
         self.timing = timing
