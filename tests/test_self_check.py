@@ -14,6 +14,7 @@ from torch.nn import functional as F
 import models
 import trainers
 from models.adapters.calling import call_model
+from models.adapters.discovery import ResidualFound
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
 from trainers.core.self_check import differences, quiet, tolerance
 from trainers.engines.highway import exact_cotangents, highway_iterations
@@ -137,34 +138,81 @@ def refusal(model, x, y) -> str:
     return message
 
 
-# ---- Highway-BP on found stacks: each kind of fault refused, its contrast exact --------------------------
+# ---- Highway-BP on found stacks: side inputs followed, each kind of fault refused -------------------------
 
-def test_a_learned_table_every_block_reads_is_refused_naming_it():
+def exact_and_k0_differs(model, x, y, names):
+    """Highway-BP at k >= L is autograd on every parameter; at k = 0 the parameters ``names`` differ."""
+    exact = autograd_grads(model, sequence_cross_entropy(model(x), y))
+    stack, got = highway(model, x, y)
+    assert relative(got, exact) < 1e-12
+    k0 = engine_grads(stack, trainers.build_engine("highway", k=0), x, y, sequence_cross_entropy, strip="model.")
+    assert all(relative(k0[n], exact[n]) > 1e-3 for n in names)
+    return stack
+
+
+def test_a_learned_table_every_block_reads_is_a_side_input_exact_at_full_k():
+    x, y = batch()
+    stack = exact_and_k0_differs(build(SharedTable), x, y, ["table", "blocks.0.fc.weight"])
+    assert stack.found.endswith("; 1 side input (side) read by every block")
+
+
+def test_a_side_input_not_followed_is_refused_naming_the_parameter_it_drops(monkeypatch):
+    """The deliberately broken case: side inputs dropped (what discovery did before it followed them)."""
+    monkeypatch.setattr(ResidualFound, "side_inputs", lambda self: [])
     x, y = batch()
     message = refusal(build(SharedTable), x, y)
-    assert "first table (" in message and "side input" in message and "1 of " in message
+    assert "1 of 16 parameter gradients differ" in message and "first table (" in message
+    assert "a side input Highway-BP does not follow" in message
 
 
-def test_the_same_table_as_a_buffer_passes_and_highway_at_full_k_is_autograd():
+def test_the_same_table_as_a_buffer_is_no_side_input_and_exact():
     model, (x, y) = build(SharedTable, learned=False), batch()
-    exact = autograd_grads(model, sequence_cross_entropy(model(x), y))
-    _, got = highway(model, x, y)
-    assert relative(got, exact) < 1e-12
+    stack = exact_and_k0_differs(model, x, y, ["blocks.0.fc.weight"])
+    assert "side input" not in stack.found
 
 
-def test_an_encoder_left_out_of_the_chain_is_refused_naming_its_parameters():
+def test_an_encoders_output_read_by_every_decoder_block_is_a_side_input_exact_at_full_k():
+    """The decoder, the longer chain, is found; the encoder is backpropagated exactly through its output."""
     x, y = batch()
-    message = refusal(build(EncoderDecoder), x, y)
+    stack = exact_and_k0_differs(build(EncoderDecoder), x, y, ["decoder.0.fc.weight", "encoder.0.fc.weight"])
+    assert "CrossBlock in decoder" in stack.found and "1 side input (memory)" in stack.found
+
+
+class StoredCrossBlock(CrossBlock):
+    def forward(self, h):
+        return super().forward(h, memory=self.__dict__["memory"])
+
+
+class HiddenMemory(EncoderDecoder):
+    """The decoder blocks read the encoder's output from an attribute, not from their arguments: a side input
+    no call shows, so the encoder is one chain of two left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = nn.ModuleList(StoredCrossBlock() for _ in range(3))
+
+    def forward(self, idx):
+        memory = self.embed(idx)
+        for block in self.encoder:
+            memory = block(memory)
+        h = self.embed(idx.flip(1))
+        for block in self.decoder:
+            block.__dict__["memory"] = memory
+            h = block(h)
+        return self.head(h)
+
+
+def test_an_encoder_reached_by_no_argument_is_refused_naming_its_parameters():
+    x, y = batch()
+    message = refusal(build(HiddenMemory), x, y)
     assert "first encoder." in message and "a second chain of blocks not found" in message
 
 
 def test_the_longer_encoder_found_makes_the_decoder_part_of_the_head_and_is_exact():
     """With the encoder the longer chain, the decoder (and its reading of the memory) is the head: exact."""
-    model, (x, y) = build(EncoderDecoder, encoder=3, decoder=2), batch()
-    exact = autograd_grads(model, sequence_cross_entropy(model(x), y))
-    stack, got = highway(model, x, y)
-    assert "model.encoder" in stack.found or "encoder" in stack.found
-    assert relative(got, exact) < 1e-12
+    x, y = batch()
+    stack = exact_and_k0_differs(build(EncoderDecoder, encoder=3, decoder=2), x, y, ["encoder.0.fc.weight"])
+    assert "Block in encoder" in stack.found
 
 
 def test_layer_scale_on_split_sublayers_is_exact_at_full_k_and_not_at_k0():
@@ -179,8 +227,9 @@ def test_layer_scale_on_split_sublayers_is_exact_at_full_k_and_not_at_k0():
     assert relative(k0["blocks.0.gamma1"], exact["blocks.0.gamma1"]) > 1e-3
 
 
-def test_the_opt_out_skips_the_check_and_the_wrong_gradient_is_then_the_users():
+def test_the_opt_out_skips_the_check_and_the_wrong_gradient_is_then_the_users(monkeypatch):
     """``self_check=False`` runs without a word: the check, not luck, is what refuses."""
+    monkeypatch.setattr(ResidualFound, "side_inputs", lambda self: [])
     model, (x, y) = build(SharedTable), batch()
     exact = autograd_grads(model, sequence_cross_entropy(model(x), y))
     _, got = highway(model, x, y, self_check=False)
@@ -377,8 +426,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm, self.fc = nn.LayerNorm(8), nn.Linear(8, 8)
 
-    def forward(self, h, side):
-        return h + self.fc(torch.tanh(self.norm(h) + side))
+    def forward(self, h):  # reads a side input no call argument shows
+        return h + self.fc(torch.tanh(self.norm(h) + self.__dict__["side"]))
 
 
 class Net(nn.Module):
@@ -391,7 +440,8 @@ class Net(nn.Module):
     def forward(self, x):
         h, side = self.embed(x), 2 * self.bias
         for block in self.blocks:
-            h = block(h, side)
+            block.__dict__["side"] = side
+            h = block(h)
         return self.head(h)
 '''
 

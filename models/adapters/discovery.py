@@ -30,7 +30,12 @@ example: a pre-LN block (its first child a norm, called again later: GPT-2, Llam
 nanoGPT) at the second norm's input, the second sublayer computed with the first mixer
 (attention) returning zeros; a post-LN block whose first child ends in a LayerNorm (BERT's
 attention) at that child's output, the second computed with the child passing its input
-through. A block whose output shape differs from its input's (a strided ResNet block with a
+through. The blocks may read tensors besides the state that depend on trainable parameters, **side
+inputs** (an encoder's output read by every decoder block's cross-attention, a relative-position
+table or bias computed once and given to every block): each batch's side inputs are replaced, in
+what the blocks are given, by leaves (``ResidualFound.side_inputs``); Highway-BP sums each leaf's
+cotangents over the blocks and backpropagates them through whatever computed it (the encoder, the
+table). A block whose output shape differs from its input's (a strided ResNet block with a
 projection shortcut) is a **boundary**: Highway-BP runs within the segments between
 boundaries, and each boundary is backpropagated exactly (the engine's ``_segments``).
 Every split is exact for k >= L: any split is, the whole-block fallback included.
@@ -38,6 +43,7 @@ Every split is exact for k >= L: any split is, the whole-block fallback included
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -194,6 +200,7 @@ class _Context:
     """What the current batch's forward passes its blocks, and the batch itself (for the head)."""
 
     where: int | str  # the position (or keyword) of the state among the block's arguments
+    arg_names: tuple = ()  # the names of the block's positional parameters (side inputs are said by name)
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
     inputs: Any = None
@@ -204,6 +211,30 @@ class _Context:
         self.args = tuple(_again(a) for a in args)
         self.kwargs = {k: False if k == "use_cache" else _again(v) for k, v in kwargs.items()}
         return self.args[self.where] if isinstance(self.where, int) else self.kwargs[self.where]
+
+    def detach_sides(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """Every tensor argument besides the state that carries a graph (a side input), replaced in what the
+        blocks are given by a leaf (one per tensor, also where it is passed twice or inside a tuple or dict);
+        returns (argument name, original, leaf) triples."""
+        pairs: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
+
+        def leaf(value: Any, name: str) -> Any:
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                if id(value) not in pairs:
+                    pairs[id(value)] = (name, value, value.detach().requires_grad_())
+                return pairs[id(value)][2]
+            if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+                return type(value)(*(leaf(v, name) for v in value))
+            if isinstance(value, (tuple, list)):
+                return type(value)(leaf(v, name) for v in value)
+            if isinstance(value, dict):
+                return {k: leaf(v, name) for k, v in value.items()}
+            return value
+
+        self.args = tuple(a if i == self.where else leaf(a, self.arg_names[i] if i < len(self.arg_names) else
+                                                         f"argument {i}") for i, a in enumerate(self.args))
+        self.kwargs = {k: v if k == self.where else leaf(v, k) for k, v in self.kwargs.items()}
+        return list(pairs.values())
 
 
 class FoundBlock(nn.Module):
@@ -339,6 +370,13 @@ class ResidualFound(nn.Module):
             for module, mode in stem.items():
                 module.training = mode
 
+    def side_inputs(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """This batch's side inputs (after ``stem``): the tensors the blocks read besides the state that depend
+        on trainable parameters (an encoder's output, a shared position table or bias), each replaced by a leaf
+        in what the blocks are given; (name, original, leaf) triples. Highway-BP sums each leaf's cotangents over
+        the blocks and backpropagates them through the original (``_Context.detach_sides``)."""
+        return self.context.detach_sides()
+
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         return call_model(self.model, x, targets).outputs
 
@@ -429,7 +467,11 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
                 raise ModelConfigError(f"residual_stack: the blocks found ({type(first.module).__name__}) are given "
                                        f"different arguments besides the state ({names.get(id(call.module))}); "
                                        f"declare the stack by hand")
-        context = _Context(where)
+        try:
+            arg_names = tuple(inspect.signature(first.module.forward).parameters)
+        except (TypeError, ValueError):  # a forward without a signature Python can read
+            arg_names = ()
+        context = _Context(where, arg_names)
         context.keep(first.args, first.kwargs)
         sublayers = [sub for call in chain for sub in _sublayers(call, calls, context, gamma)]
         ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
@@ -444,4 +486,15 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
              f" as {len(sublayers)} residual sublayers: "
              + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
                          for k, n in counts.items()))
-    return ResidualFound(model, modules, sublayers, context, [c.output for c in chain], before, found)
+    stack = ResidualFound(model, modules, sublayers, context, [c.output for c in chain], before, found)
+    model.eval()
+    try:
+        with torch.enable_grad():  # which arguments besides the state depend on trainable parameters
+            stack.stem(inputs, targets)
+        sides = sorted({name for name, _, _ in stack.side_inputs()})
+    finally:
+        model.train(was_training)
+    if sides:
+        stack.found += f"; {len(sides)} side input{'s' if len(sides) > 1 else ''} ({', '.join(sides)}) read by " \
+                       f"every block"
+    return stack

@@ -229,10 +229,11 @@ class _Depth:
 
 
 class _ReferenceDepth(_Depth):
-    """One graph per block from the forward; one VJP per block per round (the oracle)."""
+    """One graph per block from the forward; one VJP per block per round (the oracle). ``sides``: leaves the
+    blocks read besides the state (side inputs), whose cotangents ``parameter_grads`` also returns."""
 
-    def __init__(self, blocks, h0):
-        self.blocks, self.inputs, self.branches = blocks, [], []
+    def __init__(self, blocks, h0, sides=()):
+        self.blocks, self.inputs, self.branches, self.sides = blocks, [], [], list(sides)
         h = h0.detach()
         for block in blocks:
             x = h.requires_grad_()
@@ -258,8 +259,8 @@ class _ReferenceDepth(_Depth):
         a zero, never replaces the first's)."""
         out: dict[int, torch.Tensor] = {}
         for block, z, c in zip(self.blocks, self.branches, C, strict=True):
-            params = [p for p in block.parameters() if p.requires_grad]
-            _accumulate(out, zip(map(id, params), torch.autograd.grad(z, params, c, allow_unused=True), strict=True))
+            wrt = [p for p in block.parameters() if p.requires_grad] + self.sides
+            _accumulate(out, zip(map(id, wrt), torch.autograd.grad(z, wrt, c, allow_unused=True), strict=True))
         return out
 
 
@@ -404,16 +405,18 @@ class Highway(GradientEngine):
         segment's cotangents by ``exact_cotangents`` (the first-batch self-check) instead of k iterations."""
         h = model.stem(inputs, targets) if getattr(model, "stem_reads_targets", False) else model.stem(inputs)
         h0 = h
-        batched = self.options.path == "batched" or (
+        sides = model.side_inputs() if hasattr(model, "side_inputs") else []  # (name, original, leaf)
+        leaves = [leaf for _, _, leaf in sides]
+        batched = not sides and (self.options.path == "batched" or (
             self.options.path == "auto" and h0.device.type != "cpu" and not _dropout_active(model)
-            and getattr(model, "vmappable", True))
+            and getattr(model, "vmappable", True)))
         segments = []  # each a highway stack over a run of like blocks, or one boundary block (exact VJP)
         for run, boundary in _segments(list(model.blocks)):
             if boundary:
                 x = h.detach().requires_grad_()
                 segments.append((run[0], x, run[0](x)))
             else:
-                segments.append(_BatchedDepth(run, h, self._bases) if batched else _ReferenceDepth(run, h))
+                segments.append(_BatchedDepth(run, h, self._bases) if batched else _ReferenceDepth(run, h, leaves))
             h = segments[-1][2] if boundary else segments[-1].top
         top = h.detach().requires_grad_()
         outputs = model.head(top)
@@ -424,12 +427,15 @@ class Highway(GradientEngine):
         for segment in reversed(segments):
             if isinstance(segment, tuple):  # a boundary block (a shape change): exact backprop through it
                 block, x, y = segment
-                own = [p for p in block.parameters() if p.requires_grad]
+                own = [p for p in block.parameters() if p.requires_grad] + leaves
                 e, *own_grads = torch.autograd.grad(y, [x, *own], e, allow_unused=True)
                 _accumulate(grads, zip(map(id, own), own_grads, strict=True))
             else:
                 e = self._segment_backward(segment, e, grads, exact)
-        _accumulate(grads, zip(map(id, params), torch.autograd.grad(h0, params, e, allow_unused=True), strict=True))
+        # the stem's state and each side input, with the cotangents summed over the blocks that read it
+        roots = [(h0, e)] + [(original, grads.pop(id(leaf))) for _, original, leaf in sides if id(leaf) in grads]
+        _accumulate(grads, zip(map(id, params), torch.autograd.grad(
+            [r for r, _ in roots], params, [c for _, c in roots], allow_unused=True), strict=True))
         return outputs, loss, grads
 
     def _segment_backward(self, stack, e_top: torch.Tensor, grads: dict, exact: bool = False) -> torch.Tensor:
