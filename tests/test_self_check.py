@@ -16,7 +16,7 @@ import trainers
 from models.adapters.calling import call_model
 from models.adapters.discovery import ResidualFound
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.self_check import differences, quiet, tolerance
+from trainers.core.self_check import differences, failures_refused, quiet, tolerance
 from trainers.engines.highway import exact_cotangents, highway_iterations
 
 V, T, B, N = 11, 6, 3, 8
@@ -457,3 +457,15 @@ def test_the_command_line_refuses_a_silent_wrong_in_one_line_before_anything_is_
     assert not any("Traceback" in line for line in err) and not (tmp_path / "runs").exists()
     code = train_main([*flags, "--logdir", str(tmp_path / "opted-out"), "--highway-self-check", "false"])
     assert code == 0 and (tmp_path / "opted-out").exists()
+
+
+def test_a_failure_inside_the_check_is_one_line_and_a_refusal_passes_through():
+    with pytest.raises(models.ModelConfigError) as info:
+        with failures_refused("trainer 'dfa'", "--dfa-self-check false"):
+            raise RuntimeError("expected m1 and m2 to have the same dtype\n  (a second line)")
+    assert str(info.value) == ("self-check: trainer 'dfa' fails on this model's first batch (RuntimeError: expected "
+                               "m1 and m2 to have the same dtype); train it with backprop, or skip the check with "
+                               "--dfa-self-check false to see where it fails")
+    with pytest.raises(models.ModelConfigError, match="^as it was$"):
+        with failures_refused("Highway-BP", "--highway-self-check false"):
+            raise models.ModelConfigError("as it was")

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, one_line
 
-__all__ = ["quiet", "tolerance", "differences", "refuse_differences"]
+__all__ = ["quiet", "failures_refused", "tolerance", "differences", "refuse_differences"]
 
 _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 
@@ -54,6 +54,20 @@ def quiet(model: nn.Module) -> Iterator[None]:
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+
+
+@contextlib.contextmanager
+def failures_refused(engine: str, opt_out: str) -> Iterator[None]:
+    """Anything the check's run raises besides a ``ModelConfigError`` (a layer output changed in place, a layer
+    that computes in another dtype, a shape the structure did not foresee) as one line: the engine cannot
+    run this model as found; no traceback."""
+    try:
+        yield
+    except ModelConfigError:
+        raise
+    except Exception as err:
+        raise ModelConfigError(f"self-check: {engine} fails on this model's first batch ({one_line(err)}); train "
+                               f"it with backprop, or skip the check with {opt_out} to see where it fails") from None
 
 
 def differences(names: Sequence[str], got: Sequence[torch.Tensor | None], expected: Sequence[torch.Tensor | None],

@@ -45,9 +45,9 @@ from torch import nn
 
 from models.adapters.calling import call_model
 from models.adapters.discovery import replaced_forwards
-from models.errors import ModelConfigError, one_line
+from models.errors import ModelConfigError
 from trainers.core.engine import trainable_parameters
-from trainers.core.self_check import differences, quiet, refuse_differences, tolerance
+from trainers.core.self_check import differences, failures_refused, quiet, refuse_differences, tolerance
 
 __all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 
@@ -227,7 +227,7 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str) ->
     named = trainable_parameters(model)
     params = [p for _, p in named]
     opt_out = f"--{engine}-self-check false (Python: self_check=False)"
-    with quiet(model):
+    with quiet(model), failures_refused(f"trainer '{engine}'", f"--{engine}-self-check false"):
         _, records = _layer_records(model, inputs, targets)
         for name, module, x, y in records:
             with torch.no_grad():
@@ -242,14 +242,11 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str) ->
                     f"same padding) that the random feedback's layer function bypasses; train this model with "
                     f"backprop ({opt_out} skips the check)")
         outputs = call_model(model, inputs, targets).outputs
-        expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True)
+        # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
+        expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
         mirror = LocalFeedback(direct=False, seed=0)  # FA with B = W: backprop
         mirror.feedback = {name: module.weight.detach() for name, module in covered_layers(model)}
-        try:
-            got = mirror.compute(model, inputs, targets, loss_fn, params)[2]
-        except Exception as err:  # a layer output changed in place, a layer that computes in another dtype
-            raise ModelConfigError(f"self-check: trainer '{engine}' cannot run this model's layers through its layer "
-                                   f"functions ({one_line(err)}); train it with backprop") from None
+        got = mirror.compute(model, inputs, targets, loss_fn, params)[2]
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
                        [n for n, _ in named], got, expected, params[0].dtype,
                        "a layer whose backward the feedback replaces computes more than its weight and input show, "
