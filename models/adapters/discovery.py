@@ -426,9 +426,14 @@ def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float)
 
 
 def _agrees(sublayers: list[FoundBlock], h: torch.Tensor, expected: torch.Tensor) -> bool:
-    with torch.no_grad():
-        for sub in sublayers:
-            h = sub(h)
+    """The sublayers, one after the other, give the block's output from its input (a split that cannot run, as
+    one that reads the second norm of a block whose sublayers are not h + f(norm(h)), does not)."""
+    try:
+        with torch.no_grad():
+            for sub in sublayers:
+                h = sub(h)
+    except Exception:  # noqa: BLE001 - any failure of a candidate split only rules it out
+        return False
     scale = expected.abs().max().clamp_min(1e-12)
     return h.shape == expected.shape and bool(((h.double() - expected).abs().max() / scale) < 1e-5)
 

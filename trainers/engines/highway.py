@@ -435,8 +435,10 @@ class Highway(GradientEngine):
                 e = self._segment_backward(segment, e, grads, exact)
         # the stem's state and each side input, with the cotangents summed over the blocks that read it
         roots = [(h0, e)] + [(original, grads.pop(id(leaf))) for _, original, leaf in sides if id(leaf) in grads]
-        _accumulate(grads, zip(map(id, params), torch.autograd.grad(
-            [r for r, _ in roots], params, [c for _, c in roots], allow_unused=True), strict=True))
+        roots = [(r, c) for r, c in roots if r.requires_grad]  # a first block fed the raw input: no stem to train
+        if roots:
+            _accumulate(grads, zip(map(id, params), torch.autograd.grad(
+                [r for r, _ in roots], params, [c for _, c in roots], allow_unused=True), strict=True))
         return outputs, loss, grads
 
     def _segment_backward(self, stack, e_top: torch.Tensor, grads: dict, exact: bool = False) -> torch.Tensor:
