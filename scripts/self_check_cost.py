@@ -37,9 +37,9 @@ def _residual_mlp():
     return model, task.train.inputs[:64], task.train.targets[:64], task.loss_fn
 
 
-def _seconds(fn) -> float:
+def _seconds(fn, *args) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - start
 
 
@@ -63,9 +63,9 @@ def main() -> None:
             engine.compute_grads(target, x, y, loss_fn)  # warm-up (and the check, once)
             checks, steps, backs = [], [], []
             for _ in range(args.rounds):
-                checks.append(_seconds(lambda e=engine, t=target: e.first_batch_check(t, x, y, loss_fn)))
-                steps.append(_seconds(lambda e=engine, t=target: e.compute_grads(t, x, y, loss_fn)))
-                backs.append(_seconds(lambda: backprop.compute_grads(model, x, y, loss_fn)))
+                checks.append(_seconds(engine.first_batch_check, target, x, y, loss_fn))
+                steps.append(_seconds(engine.compute_grads, target, x, y, loss_fn))
+                backs.append(_seconds(backprop.compute_grads, model, x, y, loss_fn))
             c, s, b = (1000 * statistics.median(v) for v in (checks, steps, backs))
             print(f"| {label} | {name} | {c:.0f} | {s:.0f} | {b:.0f} | {c / s:.2f} | {c / b:.2f} |")
 

@@ -152,7 +152,7 @@ class _RandomFeedback(GradientEngine):
         """The layer path's self-check (``trainers.engines.feedback_layers.check_layer_path``); the stack path
         needs none: its layers are the declared stack's."""
         if self.options.self_check and not self._stack_path(model):
-            check_layer_path(model, inputs, targets, loss_fn, self.name)
+            check_layer_path(model, inputs, targets, loss_fn, self.name, self.layers)
 
     def feedback_shapes(self, layers: list[nn.Module], hidden: list[torch.Size],
                         outputs: int) -> list[tuple[tuple[int, ...], int]]:

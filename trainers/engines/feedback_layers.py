@@ -17,12 +17,16 @@ lies below it. On a layer stack, h_l = act(A_l h_{l-1} + b_l), this is the stack
 ``feedback_alignment`` exactly: DFA's e D arrives at h_l, the input of layer l + 1, and meets
 act'(a_l) there (Nøkland's delta_l = (D_l e) * f'(a_l)).
 
-DFA's projection reads the layers' shapes: where the layer's input has the output's leading
-dimensions (a Transformer's (B, T, d) and an LM's (B, T, V)) D is d_y x d_in, applied at every
-position; a per-sample output (B, C) against a sequence input (B, T, d) is projected to every
-position alike; otherwise (convolutions) D is d_y x (the input's features per sample), as on the
-stack path. Covered: nn.Linear, zero-padded nn.Conv2d, transformers' Conv1D (y = x W + b with
-W (in, out): 8 of GPT-2's 9 projections). Parameters of other modules (embeddings, norms) get
+DFA's projection reads the layers' shapes: where the layer's input has as many positions as the
+output (a Transformer's (B, T, d) and an LM's (B, T, V), also flattened to (B T, d) as OPT's MLP
+does) D is d_y x d_in, applied at every position; a per-sample output (B, C) against an input of
+several positions per sample ((B, T, d), Swin's windows (B x windows, t, d)) is projected to every
+position alike; otherwise (convolutions) D is d_y x (the input's size per sample), as on the stack
+path; an input shared by the whole batch (DeBERTa's relative-position table, (1, ...)) gets the sum of
+the samples' projections. The error is projected in the layer's dtype (a layer that computes in float32 inside a
+float64 model). Covered: nn.Linear, zero-padded nn.Conv2d, transformers' Conv1D (y = x W + b with
+W (in, out): 8 of GPT-2's 9 projections); ``padding="same"`` where both sides get as much. Parameters
+of other modules (embeddings, norms) get
 autograd's gradient of the error that reaches them; a weight tied to a covered layer (GPT-2's
 lm_head is wte) gets the sum of both uses. Random tensors: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 with the fan-in of the map they replace (FA: the layer's input width or C_in k^2 / groups; DFA:
@@ -65,9 +69,20 @@ def covered_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if not isinstance(weight, torch.Tensor) or not weight.requires_grad:
             continue
         if isinstance(module, nn.Linear) or _is_conv1d(module) or (
-                isinstance(module, nn.Conv2d) and module.padding_mode == "zeros"):
+                isinstance(module, nn.Conv2d) and module.padding_mode == "zeros" and _padding(module) is not None):
             out.append((name, module))
     return out
+
+
+def _padding(module: nn.Conv2d) -> tuple[int, int] | None:
+    """The convolution's zero padding as numbers (``"same"`` and ``"valid"`` as written out, which the
+    gradient functions of ``torch.nn.grad`` need), or None where ``"same"`` pads one side more."""
+    if not isinstance(module.padding, str):
+        return tuple(module.padding)
+    if module.padding == "valid":
+        return (0, 0)
+    total = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size, strict=True)]
+    return None if any(t % 2 for t in total) else (total[0] // 2, total[1] // 2)
 
 
 class _Dense:
@@ -97,7 +112,7 @@ class _Conv:
     """A zero-padded nn.Conv2d."""
 
     def __init__(self, module: nn.Conv2d):
-        self.args = (module.stride, module.padding, module.dilation, module.groups)
+        self.args = (module.stride, _padding(module), module.dilation, module.groups)
 
     def forward(self, x, weight, bias):
         return F.conv2d(x, weight, bias, *self.args)
@@ -167,17 +182,27 @@ class LocalFeedback:
             return fa
 
         def dfa(g, x):
-            e = self._e
-            batch = x.shape[0]
-            if isinstance(kind, _Dense) and e.shape[:-1] == x.shape[:-1]:  # position by position
+            e = self._e.to(g.dtype)  # a layer that computes in another dtype than the model's output
+            batch = e.shape[0]
+            dense = isinstance(kind, _Dense)
+            if dense and e.shape[:-1].numel() == x.shape[:-1].numel():  # position by position (also flattened)
                 D = self._tensor(index, name, (e.shape[-1], x.shape[-1]), e.shape[-1], g)
-                return e @ D
-            if isinstance(kind, _Dense) and e.dim() == 2 and x.dim() > 2:  # one error for every position
+                return (e.reshape(-1, e.shape[-1]) @ D).reshape(x.shape).to(x.dtype)
+            per_sample = x.shape[0] % batch == 0  # the batch leads (B, ...), or windows of it (B x windows, ...)
+            if dense and e.dim() == 2 and per_sample:  # one error for every position
                 D = self._tensor(index, name, (e.shape[-1], x.shape[-1]), e.shape[-1], g)
-                return (e @ D).reshape(batch, *([1] * (x.dim() - 2)), x.shape[-1]).expand_as(x)
-            d_y, d_x = e[0].numel(), x[0].numel()
-            D = self._tensor(index, name, (d_y, d_x), d_y, g)
-            return (e.reshape(batch, -1) @ D).reshape(x.shape)
+                return (e @ D).unsqueeze(1).expand(batch, x.shape[:-1].numel() // batch, x.shape[-1]) \
+                    .reshape(x.shape).to(x.dtype)
+            d_y = e[0].numel()
+            if per_sample:  # per sample, whatever the layout
+                D = self._tensor(index, name, (d_y, x.numel() // batch), d_y, g)
+                return (e.reshape(batch, -1) @ D).reshape(x.shape).to(x.dtype)
+            if x.shape[0] == 1:  # one input for the whole batch (DeBERTa's relative table): the samples' sum
+                D = self._tensor(index, name, (d_y, x.numel()), d_y, g)
+                return (e.reshape(batch, -1) @ D).sum(0).reshape(x.shape).to(x.dtype)
+            raise ModelConfigError(f"trainer 'dfa' cannot project the output error {tuple(e.shape)} to the input "
+                                   f"{tuple(x.shape)} of {name}: its first dimension is neither the batch ({batch}), "
+                                   f"a multiple of it, nor 1")
         return dfa
 
     def _forward(self, index: int, name: str, module: nn.Module) -> Callable:
@@ -221,9 +246,10 @@ def _layer_records(model: nn.Module, inputs, targets) -> tuple[torch.Tensor, lis
     return outputs, records
 
 
-def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str) -> None:
+def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, feedback: LocalFeedback) -> None:
     """The layer path's self-check (module docstring): one ``ModelConfigError`` line if a covered layer's
-    function is not its forward, if FA with B = W fails, or if its gradients are not autograd's."""
+    function is not its forward, if FA with B = W fails, if its gradients are not autograd's, or if the engine's
+    own pass (``feedback``: its random tensors, drawn here as at its first step) fails on the batch."""
     named = trainable_parameters(model)
     params = [p for _, p in named]
     opt_out = f"--{engine}-self-check false (Python: self_check=False)"
@@ -247,6 +273,7 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str) ->
         mirror = LocalFeedback(direct=False, seed=0)  # FA with B = W: backprop
         mirror.feedback = {name: module.weight.detach() for name, module in covered_layers(model)}
         got = mirror.compute(model, inputs, targets, loss_fn, params)[2]
+        feedback.compute(model, inputs, targets, loss_fn, params)  # a projection that cannot reach a layer
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
                        [n for n, _ in named], got, expected, params[0].dtype,
                        "a layer whose backward the feedback replaces computes more than its weight and input show, "

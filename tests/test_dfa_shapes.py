@@ -1,0 +1,170 @@
+"""DFA's projection reaches every covered layer's input, whatever its layout (trainers/engines/feedback_layers.py):
+positions flattened into the batch (OPT's MLP), windows of a per-sample output's tokens (Swin), a layer that
+computes in float32 inside a float64 model; each against the rule written out by hand, float64, a batch size
+unlike every other dimension. Then transformers' OPT, Swin and DeBERTa-v2, which stopped at step 0 with a
+shape error."""
+
+import pytest
+import torch
+from helpers import autograd_grads, engine_grads, relative
+from torch import nn
+
+import models
+import trainers
+from tasks.base import cross_entropy_loss, sequence_cross_entropy
+
+B, T, D, H, C = 3, 5, 4, 6, 7  # batch, positions, width, hidden width, outputs: all different
+
+
+class Flattened(nn.Module):
+    """A token model whose hidden layer runs on (B T, d), as OPT's MLP: fc, tanh, then the output layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(D, H), nn.Linear(H, C)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x.reshape(-1, D)))
+        return self.out(h).reshape(x.shape[0], x.shape[1], C)
+
+
+def test_dfa_with_the_output_weights_as_feedback_is_backprop_on_flattened_positions():
+    """One hidden layer: DFA with D = W_out at the output layer is backprop (the stack path's identity), here
+    with the output layer's input (B T, H) against the error (B, T, C)."""
+    torch.manual_seed(0)
+    model = Flattened().double()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(B, T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B, T), generator=gen)
+    exact = autograd_grads(model, sequence_cross_entropy(model(x), y))
+    engine = trainers.build_engine("dfa", path="layers")
+    engine.layers.feedback = {"fc": torch.zeros(C, D, dtype=torch.float64), "out": model.out.weight.detach()}
+    assert relative(engine_grads(model, engine, x, y, sequence_cross_entropy), exact) < 1e-12
+
+
+class Windows(nn.Module):
+    """A classifier whose blocks see windows of tokens (B x windows, t, d), as Swin's attention, then a mean."""
+
+    def __init__(self, windows=2):
+        super().__init__()
+        self.windows = windows
+        self.fc1, self.fc2, self.out = nn.Linear(D, H), nn.Linear(H, D), nn.Linear(D, C)
+
+    def forward(self, x):  # x: (B, windows * t, D)
+        w = x.reshape(x.shape[0] * self.windows, -1, D)
+        h = self.fc2(torch.tanh(self.fc1(w)))
+        return self.out(h.reshape(x.shape[0], -1, D).mean(1))
+
+
+def test_dfa_projects_a_per_sample_error_to_every_window_position_as_written_by_hand():
+    torch.manual_seed(0)
+    model = Windows().double()
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(B, 2 * T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
+    engine = trainers.build_engine("dfa", path="layers")
+    got = engine_grads(model, engine, x, y)
+    D2 = engine.layers.feedback["fc2"]  # (C, H): drawn at the first step
+    assert D2.shape == (C, H)
+    w = x.reshape(2 * B, T, D)
+    a1 = model.fc1(w)
+    with torch.no_grad():
+        logits = model(x)
+        e = (torch.softmax(logits, -1) - nn.functional.one_hot(y, C)) / B  # dL/dy of the mean cross-entropy
+        delta2 = (e @ D2).repeat_interleave(2, 0).unsqueeze(1).expand(2 * B, T, H)  # every window of a sample
+        delta1 = delta2 * (1 - torch.tanh(a1) ** 2)
+        by_hand = delta1.reshape(-1, H).t() @ w.reshape(-1, D)
+    assert relative(got["fc1.weight"], by_hand) < 1e-12
+
+
+class Float32Inside(nn.Module):
+    """A float64 model with one layer that computes in float32 (as Mamba's and Qwen2's RMSNorm do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.inner, self.out = nn.Linear(D, H), nn.Linear(H, H), nn.Linear(H, C)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        h = self.inner(h.float()).double()
+        return self.out(torch.tanh(h))
+
+
+def test_dfa_projects_in_the_dtype_a_layer_computes_in():
+    torch.manual_seed(0)
+    model = Float32Inside().double()
+    model.inner.float()
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(B, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
+    got = engine_grads(model, trainers.build_engine("dfa", path="layers"), x, y)
+    assert got["inner.weight"].dtype == torch.float32 and got["fc.weight"].dtype == torch.float64
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in got.values())
+
+
+class SharedTable(nn.Module):
+    """A layer on a table shared by the whole batch (1, T, D), as DeBERTa's position projections."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.proj = nn.Parameter(torch.randn(1, T, D)), nn.Linear(D, D)
+        self.out = nn.Linear(D, C)
+
+    def forward(self, x):  # x: (B, T, D)
+        return self.out(torch.tanh(x + self.proj(self.table)).mean(1))
+
+
+def test_dfa_gives_a_layer_on_a_batch_shared_table_the_sum_of_the_samples_projections():
+    torch.manual_seed(0)
+    model = SharedTable().double()
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(B, T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
+    engine = trainers.build_engine("dfa", path="layers")
+    got = engine_grads(model, engine, x, y)
+    P = engine.layers.feedback["proj"]  # (C, T D): the table's input of the projection, whole
+    assert P.shape == (C, T * D)
+    with torch.no_grad():
+        e = (torch.softmax(model(x), -1) - nn.functional.one_hot(y, C)) / B
+    assert relative(got["table"], (e @ P).sum(0).reshape(1, T, D)) < 1e-12
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _opt():
+    config = transformers.OPTConfig(vocab_size=23, hidden_size=8, num_hidden_layers=2, ffn_dim=16,
+                                    num_attention_heads=2, max_position_embeddings=16, word_embed_proj_dim=8,
+                                    dropout=0.0)
+    return transformers.OPTForCausalLM(config), "tokens"
+
+
+def _swin():
+    config = transformers.SwinConfig(image_size=16, patch_size=2, num_channels=3, embed_dim=8, depths=[1, 1],
+                                     num_heads=[2, 2], window_size=2, num_labels=4)
+    return transformers.SwinForImageClassification(config), "images"
+
+
+def _deberta_v2():
+    config = transformers.DebertaV2Config(vocab_size=23, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=16, max_position_embeddings=16, num_labels=4,
+                                          relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=4,
+                                          max_relative_positions=8)
+    return transformers.DebertaV2ForSequenceClassification(config), "classes"
+
+
+@pytest.mark.parametrize("build", [_opt, _swin, _deberta_v2], ids=["opt", "swin", "deberta_v2"])
+def test_dfa_trains_opt_swin_and_deberta_v2_where_it_stopped_at_step_0(build):
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model, kind = build()
+    model = model.double()
+    gen = torch.Generator().manual_seed(1)
+    if kind == "images":
+        x, y, loss_fn = torch.randn(B, 3, 16, 16, generator=gen, dtype=torch.float64), torch.randint(0, 4, (B,)), \
+            cross_entropy_loss
+    elif kind == "tokens":
+        x, y, loss_fn = torch.randint(0, 23, (B, T), generator=gen), torch.randint(0, 23, (B, T)), \
+            sequence_cross_entropy
+    else:
+        x, y, loss_fn = torch.randint(0, 23, (B, T), generator=gen), torch.randint(0, 4, (B,)), cross_entropy_loss
+    exact = autograd_grads(model, loss_fn(models.call_model(model, x, y).outputs, y))
+    got = engine_grads(model, trainers.build_engine("dfa"), x, y, loss_fn)
+    assert got.keys() == exact.keys() and all(torch.isfinite(g).all() for g in got.values())
+    assert relative(got, exact) > 1e-3  # random feedback: not backprop
