@@ -369,13 +369,61 @@ def images(seed=0):
     return torch.randn(B, 2, 5, 5, generator=gen, dtype=torch.float64), torch.randint(0, 3, (B,), generator=gen)
 
 
+class SameConv2d(nn.Conv2d):
+    """TF's "same" padding computed in the forward (timm's Conv2dSame): the input is padded, then convolved."""
+
+    def forward(self, x):
+        return F.conv2d(F.pad(x, (0, 2, 0, 2)), self.weight, self.bias, self.stride, 0)
+
+
+class ManualLinear(nn.Linear):
+    """A dense layer that makes no F.linear call: nothing for the feedback to take."""
+
+    def forward(self, x):
+        return x @ self.weight.t() + self.bias
+
+
+@pytest.mark.parametrize("conv", [StdConv2d, SameConv2d])
+def test_fa_with_b_equal_w_is_backprop_through_a_weight_transform_or_padding_in_the_forward(conv):
+    """The layer runs as written: FA with B = the weight each call uses is backprop, the local weight gradient
+    flowing through the standardisation (or the input gradient through the padding) by autograd."""
+    model, (x, y) = convnet(conv), images()
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    engine = trainers.build_engine("fa", path="layers")
+    engine.layers.mirror = True
+    assert relative(engine_grads(model, engine, x, y), exact) < 1e-12
+    dfa = engine_grads(model, trainers.build_engine("dfa", path="layers"), x, y)
+    assert relative(dfa, exact) > 1e-3 and all(torch.isfinite(g).all() for g in dfa.values())
+
+
 @pytest.mark.parametrize("trainer", ["fa", "dfa"])
-def test_a_weight_transform_the_layer_function_bypasses_is_refused_naming_the_layer(trainer):
+def test_a_weight_transform_bypassed_is_refused_in_one_line(trainer, monkeypatch):
+    """The deliberately broken case: the layer function reads the stored weight, as before 'run as written'."""
+    from trainers.engines import feedback_layers
+
+    def bypass(self, index, name, module):
+        kind = feedback_layers._Conv(module.stride, module.padding, module.dilation, module.groups) \
+            if isinstance(module, nn.Conv2d) else feedback_layers._Dense()
+        feed = self._feed(index, name, kind)
+        return lambda x: feedback_layers._LocalBackward.apply(x, module.weight, module.bias, kind, feed)
+
+    monkeypatch.setattr(feedback_layers.LocalFeedback, "_forward", bypass)
     x, y = images()
     with pytest.raises(models.ModelConfigError) as info:
         trainers.build_engine(trainer, path="layers").compute_grads(convnet(StdConv2d), x, y, cross_entropy_loss)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(f"self-check: trainer '{trainer}' runs 0 (StdConv2d)")
+    assert str(info.value) == (f"self-check: trainer '{trainer}''s forward through the layer functions is not the "
+                               f"model's own on the first batch; train this model with backprop (--{trainer}-self-"
+                               f"check false (Python: self_check=False) skips the check)")
+
+
+def test_a_covered_layer_whose_forward_makes_no_linear_call_is_refused_naming_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), ManualLinear(5, 3)).double()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(B, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (B,), generator=gen)
+    with pytest.raises(models.ModelConfigError, match=r"^self-check: trainer 'fa' found no linear or convolution "
+                                                      r"call in the forward of 2 \(ManualLinear\)"):
+        trainers.build_engine("fa", path="layers").compute_grads(model, x, y, cross_entropy_loss)
 
 
 @pytest.mark.parametrize("trainer", ["fa", "dfa"])
@@ -411,7 +459,7 @@ def test_a_weight_also_read_outside_its_layer_passes_the_check_and_fa_with_b_equ
     x, y = torch.randn(B, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (B,), generator=gen)
     exact = autograd_grads(model, cross_entropy_loss(call_model(model, x, y).outputs, y))
     engine = trainers.build_engine("fa", path="layers")
-    engine.layers.feedback = {"fc": model.fc.weight.detach(), "out": model.out.weight.detach()}
+    engine.layers.feedback = {"fc": model.fc.weight.detach(), "out": model.out.weight.detach()}  # B = W
     assert relative(engine_grads(model, engine, x, y), exact) < 1e-12
 
 

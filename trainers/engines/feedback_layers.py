@@ -46,12 +46,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from models.adapters.calling import call_model
 from models.adapters.discovery import replaced_forwards
 from models.errors import ModelConfigError
 from trainers.core.engine import trainable_parameters
-from trainers.core.self_check import differences, failures_refused, quiet, refuse_differences, tolerance
+from trainers.core.self_check import differences, failures_refused, quiet, refuse_differences
 
 __all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 
@@ -69,27 +70,32 @@ def covered_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if not isinstance(weight, torch.Tensor) or not weight.requires_grad:
             continue
         if isinstance(module, nn.Linear) or _is_conv1d(module) or (
-                isinstance(module, nn.Conv2d) and module.padding_mode == "zeros" and _padding(module) is not None):
+                isinstance(module, nn.Conv2d) and module.padding_mode == "zeros"
+                and _padding(module.padding, module.kernel_size, module.dilation) is not None):
             out.append((name, module))
     return out
 
 
-def _padding(module: nn.Conv2d) -> tuple[int, int] | None:
-    """The convolution's zero padding as numbers (``"same"`` and ``"valid"`` as written out, which the
-    gradient functions of ``torch.nn.grad`` need), or None where ``"same"`` pads one side more."""
-    if not isinstance(module.padding, str):
-        return tuple(module.padding)
-    if module.padding == "valid":
+def _pair(value) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+def _padding(padding, kernel_size, dilation) -> tuple[int, int] | None:
+    """A convolution's zero padding as numbers (``"same"`` and ``"valid"`` written out, as the gradient
+    functions of ``torch.nn.grad`` need them), or None where ``"same"`` pads one side more."""
+    if not isinstance(padding, str):
+        return _pair(padding)
+    if padding == "valid":
         return (0, 0)
-    total = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size, strict=True)]
+    total = [d * (k - 1) for d, k in zip(_pair(dilation), _pair(kernel_size), strict=True)]
     return None if any(t % 2 for t in total) else (total[0] // 2, total[1] // 2)
 
 
 class _Dense:
-    """y = x W^T + b (nn.Linear), or y = x W + b (Conv1D: ``transposed``)."""
+    """y = x W^T + b (``F.linear``), or y = x W + b (Conv1D: ``transposed``)."""
 
-    def __init__(self, module: nn.Module):
-        self.transposed = _is_conv1d(module)
+    def __init__(self, transposed: bool = False):
+        self.transposed = transposed
 
     def forward(self, x, weight, bias):
         return F.linear(x, weight.t() if self.transposed else weight, bias)
@@ -104,15 +110,15 @@ class _Dense:
     def feedback_input(self, g, B, shape):
         return g @ (B.t() if self.transposed else B)
 
-    def fan_in(self, weight) -> int:
-        return weight.shape[0] if self.transposed else weight.shape[1]
+    def fan_in(self, shape) -> int:
+        return shape[0] if self.transposed else shape[1]
 
 
 class _Conv:
-    """A zero-padded nn.Conv2d."""
+    """``F.conv2d`` with zero padding given as numbers."""
 
-    def __init__(self, module: nn.Conv2d):
-        self.args = (module.stride, _padding(module), module.dilation, module.groups)
+    def __init__(self, stride, padding, dilation, groups):
+        self.args = (stride, padding, dilation, groups)
 
     def forward(self, x, weight, bias):
         return F.conv2d(x, weight, bias, *self.args)
@@ -126,30 +132,56 @@ class _Conv:
     def feedback_input(self, g, B, shape):  # the transposed convolution with the random kernel
         return torch.nn.grad.conv2d_input(shape, B, g, *self.args)
 
-    def fan_in(self, weight) -> int:
-        return weight[0].numel()
-
-
-def _kind(module: nn.Module) -> _Dense | _Conv:
-    return _Conv(module) if isinstance(module, nn.Conv2d) else _Dense(module)
+    def fan_in(self, shape) -> int:
+        return math.prod(shape[1:])
 
 
 class _LocalBackward(torch.autograd.Function):
-    """The layer's forward; a backward whose input gradient is ``feed(delta, x)`` (module docstring)."""
+    """The layer's call; a backward whose input gradient is ``feed(delta, x, weight)`` (module docstring)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, kind, feed):
-        ctx.save_for_backward(x)
-        ctx.kind, ctx.feed, ctx.weight_shape = kind, feed, weight.shape
+        ctx.save_for_backward(x, weight)
+        ctx.kind, ctx.feed = kind, feed
         return kind.forward(x, weight, bias)
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        gx = ctx.feed(g, x) if ctx.needs_input_grad[0] else None
-        gw = ctx.kind.weight_grad(x, g, ctx.weight_shape) if ctx.needs_input_grad[1] else None
+        x, weight = ctx.saved_tensors
+        gx = ctx.feed(g, x, weight) if ctx.needs_input_grad[0] else None
+        gw = ctx.kind.weight_grad(x, g, weight.shape) if ctx.needs_input_grad[1] else None
         gb = ctx.kind.bias_grad(g) if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None
+
+
+_LINEAR = ("input", "weight", "bias")
+_CONV2D = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+
+
+class _Intercept(TorchFunctionMode):
+    """While a covered layer's own forward runs, its first ``F.linear`` or ``F.conv2d`` call runs through
+    ``_LocalBackward`` with the arguments the forward gives it: the weight as the forward computes it (weight
+    standardisation, a parametrization), the input as it pads it (TF's "same" padding), in its dtype; autograd
+    differentiates whatever computed them. ``done``: a call was taken."""
+
+    def __init__(self, feed_for: Callable):
+        super().__init__()
+        self.feed_for, self.done = feed_for, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.done and (func is F.linear or func is F.conv2d):
+            given = {**dict(zip(_LINEAR if func is F.linear else _CONV2D, args, strict=False)), **kwargs}
+            kind: _Dense | _Conv | None = _Dense()
+            if func is F.conv2d:
+                padding = _padding(given.get("padding", 0), given["weight"].shape[2:], given.get("dilation", 1))
+                kind = None if padding is None else _Conv(given.get("stride", 1), padding, given.get("dilation", 1),
+                                                          given.get("groups", 1))
+            if kind is not None:
+                self.done = True
+                return _LocalBackward.apply(given["input"], given["weight"], given.get("bias"), kind,
+                                            self.feed_for(kind))
+        return func(*args, **kwargs)
 
 
 def _uniform(shape, fan_in: int, seed: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
@@ -159,11 +191,13 @@ def _uniform(shape, fan_in: int, seed: tuple[int, int], like: torch.Tensor) -> t
 
 class LocalFeedback:
     """FA (``direct=False``) or DFA (``direct=True``) on any model (module docstring). ``feedback``: layer name ->
-    its random tensor (B or D), drawn when first needed; tests may set B = W."""
+    its random tensor (B or D), drawn when first needed; tests may set B = W. ``mirror``: FA with B = the weight
+    each call uses (backprop: the self-check's)."""
 
-    def __init__(self, direct: bool, seed: int):
-        self.direct, self.seed = direct, seed
+    def __init__(self, direct: bool, seed: int, mirror: bool = False):
+        self.direct, self.seed, self.mirror = direct, seed, mirror
         self.feedback: dict[str, torch.Tensor] = {}
+        self.uncovered: set[str] = set()  # covered layers whose forward made no linear or convolution call
         self._e: torch.Tensor | None = None  # DFA: the error at the model's output, this step
 
     def _tensor(self, index: int, name: str, shape, fan_in: int, like: torch.Tensor) -> torch.Tensor:
@@ -174,14 +208,15 @@ class LocalFeedback:
             t = self.feedback[name] = t.to(like)
         return t
 
-    def _feed(self, index: int, name: str, module: nn.Module, kind) -> Callable:
+    def _feed(self, index: int, name: str, kind) -> Callable:
         if not self.direct:
-            def fa(g, x):
-                B = self._tensor(index, name, module.weight.shape, kind.fan_in(module.weight), g)
+            def fa(g, x, weight):
+                B = weight.detach() if self.mirror else self._tensor(index, name, weight.shape,
+                                                                      kind.fan_in(weight.shape), g)
                 return kind.feedback_input(g, B, x.shape)
             return fa
 
-        def dfa(g, x):
+        def dfa(g, x, weight):
             e = self._e.to(g.dtype)  # a layer that computes in another dtype than the model's output
             batch = e.shape[0]
             dense = isinstance(kind, _Dense)
@@ -206,10 +241,22 @@ class LocalFeedback:
         return dfa
 
     def _forward(self, index: int, name: str, module: nn.Module) -> Callable:
-        """The layer's forward through ``_LocalBackward``."""
-        kind = _kind(module)
-        feed = self._feed(index, name, module, kind)
-        return lambda x: _LocalBackward.apply(x, module.weight, module.bias, kind, feed)
+        """The layer's own forward, its linear or convolution call through ``_LocalBackward`` (``_Intercept``);
+        transformers' Conv1D (x W + b by ``addmm``) as that function written out."""
+        if _is_conv1d(module):
+            kind = _Dense(transposed=True)
+            feed = self._feed(index, name, kind)
+            return lambda x: _LocalBackward.apply(x, module.weight, module.bias, kind, feed)
+        forward = type(module).forward
+
+        def run(*args, **kwargs):
+            intercept = _Intercept(lambda kind: self._feed(index, name, kind))
+            with intercept:
+                out = forward(module, *args, **kwargs)
+            if not intercept.done:
+                self.uncovered.add(name)
+            return out
+        return run
 
     def compute(self, model: nn.Module, inputs, targets, loss_fn, params: list[torch.Tensor]):
         """(outputs, loss, gradients of ``params``) with every covered layer's backward swapped."""
@@ -228,51 +275,30 @@ class LocalFeedback:
         self._e = e  # dL/dy: reaches the output before any layer's backward runs
 
 
-def _layer_records(model: nn.Module, inputs, targets) -> tuple[torch.Tensor, list]:
-    """The model's own outputs, and (name, module, input, output) of every covered layer's calls in it (copies:
-    a later in-place operation may change them)."""
-    records, handles = [], []
-    for name, module in covered_layers(model):
-        def keep(module, args, output, name=name):
-            if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
-                records.append((name, module, args[0].detach().clone(), output.detach().clone()))
-        handles.append(module.register_forward_hook(keep))
-    try:
-        with torch.no_grad():
-            outputs = call_model(model, inputs, targets).outputs
-    finally:
-        for handle in handles:
-            handle.remove()
-    return outputs, records
-
-
 def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, feedback: LocalFeedback) -> None:
-    """The layer path's self-check (module docstring): one ``ModelConfigError`` line if a covered layer's
-    function is not its forward, if FA with B = W fails, if its gradients are not autograd's, or if the engine's
-    own pass (``feedback``: its random tensors, drawn here as at its first step) fails on the batch."""
+    """The layer path's self-check (module docstring): one ``ModelConfigError`` line if a covered layer's forward
+    makes no linear or convolution call, if the forward through the layer functions is not the model's own, if
+    FA with B = W is not autograd, or if the engine's own pass (``feedback``: its random tensors, drawn here as
+    at its first step) fails on the batch."""
     named = trainable_parameters(model)
     params = [p for _, p in named]
     opt_out = f"--{engine}-self-check false (Python: self_check=False)"
     with quiet(model), failures_refused(f"trainer '{engine}'", f"--{engine}-self-check false"):
-        _, records = _layer_records(model, inputs, targets)
-        for name, module, x, y in records:
-            with torch.no_grad():
-                mine = _kind(module).forward(x, module.weight, module.bias)
-            if mine.shape != y.shape or differences([name], [mine], [y], y.dtype):
-                gap = "shapes differ" if mine.shape != y.shape else f"{float((mine - y).abs().max()):.2g}"
-                raise ModelConfigError(
-                    f"self-check: trainer '{engine}' runs {name} ({type(module).__name__}) as "
-                    f"{'a convolution' if isinstance(module, nn.Conv2d) else 'a dense layer'} of its weight, which "
-                    f"is not what its forward computes on the first batch (largest difference {gap}, tolerance "
-                    f"{tolerance(y.dtype):g}): a weight or padding computed in its forward (weight standardisation, "
-                    f"same padding) that the random feedback's layer function bypasses; train this model with "
-                    f"backprop ({opt_out} skips the check)")
         outputs = call_model(model, inputs, targets).outputs
         # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
         expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
-        mirror = LocalFeedback(direct=False, seed=0)  # FA with B = W: backprop
-        mirror.feedback = {name: module.weight.detach() for name, module in covered_layers(model)}
-        got = mirror.compute(model, inputs, targets, loss_fn, params)[2]
+        mirror = LocalFeedback(direct=False, seed=0, mirror=True)  # FA with B = W: backprop
+        mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
+        if mirror.uncovered:
+            name = sorted(mirror.uncovered)[0]
+            raise ModelConfigError(
+                f"self-check: trainer '{engine}' found no linear or convolution call in the forward of {name} "
+                f"({type(model.get_submodule(name)).__name__}) to give its feedback to ({len(mirror.uncovered)} such "
+                f"layer{'s' if len(mirror.uncovered) > 1 else ''}); train this model with backprop")
+        if mine.shape != outputs.shape or differences(["outputs"], [mine], [outputs], outputs.dtype):
+            raise ModelConfigError(
+                f"self-check: trainer '{engine}''s forward through the layer functions is not the model's own on "
+                f"the first batch; train this model with backprop ({opt_out} skips the check)")
         feedback.compute(model, inputs, targets, loss_fn, params)  # a projection that cannot reach a layer
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
                        [n for n, _ in named], got, expected, params[0].dtype,
