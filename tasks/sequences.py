@@ -15,6 +15,12 @@
   hold the blank id ``n_symbols`` and are counted (the classic setting, where the
   memoryless baseline loss is ``length * log(n_symbols) / T``; the accuracy is then
   plain token accuracy, dominated by blanks).
+* ``reverse``: a sequence-to-sequence task for encoder-decoder models (BART, T5, Marian:
+  ``models.call_model`` gives the decoder the targets shifted by the model's own shift).
+  Input ids ``(N, length)``: random symbols from ``0 .. n_symbols - 1``; targets ``(N,
+  length)``: the same symbols in reverse order, one vocabulary for both (``n_symbols``
+  ids), so a model whose outputs are its vocabulary is sized by it. Output ``(length,
+  n_symbols)``; loss :func:`~tasks.base.sequence_cross_entropy`, metric accuracy.
 * ``adding``: the adding problem. Input ``(N, length, 2)`` float32: channel 0 uniform
   values in [0, 1), channel 1 a 0/1 marker with one 1 in each half of the sequence.
   The sum ``s`` of the two marked values (in [0, 2)) is a regression target; to keep
@@ -131,6 +137,29 @@ def build_copy(
         loss_fn=sequence_cross_entropy,
         output_shape=(T, layout["n_outputs"]),
     )
+
+
+@register_task("reverse")
+def build_reverse(
+    data_dir=None,
+    download: bool = False,
+    seed: int = 0,
+    n_symbols: int = 8,
+    length: int = 10,
+    n_train: int = 2000,
+    n_val: int = 200,
+    n_test: int = 200,
+) -> Task:
+    """Reverse ``length`` symbols (module docstring); data from ``seed`` alone."""
+    name = "reverse"
+    n_symbols = check_int(name, "n_symbols", n_symbols, minimum=2)
+    length = check_int(name, "length", length, minimum=1)
+    n_train, n_val, n_test = _sizes(name, n_train, n_val, n_test)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, n_symbols, (n_train + n_val + n_test, length), generator=gen, dtype=torch.int64)
+    train, val, test = _splits(x, x.flip(1).contiguous(), n_train, n_val)
+    return Task(name=name, train=train, val=val, test=test, input_shape=(length,), num_outputs=n_symbols,
+                loss_fn=sequence_cross_entropy, output_shape=(length, n_symbols))
 
 
 @register_task("adding")

@@ -13,7 +13,11 @@ them train without a wrapper class:
   logits without them); the output is the first element. A ``labels`` keyword
   (transformers' models) receives them only when the model's loss is used: the
   model would compute a loss every step that nothing reads;
-* a dict (or a Hugging Face output) with ``logits``, an object with ``.logits``.
+* a dict (or a Hugging Face output) with ``logits``, an object with ``.logits``;
+* a transformers encoder-decoder model (``config.is_encoder_decoder``: BART, T5,
+  Marian, Pegasus, ...): the inputs go to the encoder and the targets, shifted by
+  the model's own ``prepare_decoder_input_ids_from_labels`` (teacher forcing), to
+  the decoder as ``decoder_input_ids``; the output at position t predicts target t.
 
 These common shapes need no configuration; anything else (a dict without
 ``logits``, a tuple whose first element is not a tensor) is refused in one line
@@ -259,6 +263,8 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
     if targets is not None:
         passed = (targets.transpose(0, 1) if time_first and targets.dim() > 1 else targets).contiguous()
         kwargs = dict.fromkeys(plan.targets, passed)  # contiguous: transformers' losses view them
+    if _encoder_decoder(model) and "labels" not in kwargs:
+        kwargs["decoder_input_ids"] = _decoder_inputs(model, targets)
     value = model(*args, **kwargs)
     if isinstance(value, torch.Tensor) and call.output == "auto":
         outputs = value
@@ -270,6 +276,28 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
     if time_first:
         outputs = _batch_first(outputs, inputs.shape[1], inputs.shape[0])
     return CallResult(outputs, loss)
+
+
+def _encoder_decoder(model: nn.Module) -> bool:
+    """A transformers sequence-to-sequence model (BART, T5, Marian, ...): its decoder reads the targets."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def _decoder_inputs(model: nn.Module, targets: torch.Tensor | None) -> torch.Tensor:
+    """The decoder's inputs made from the targets by the model's own shift (teacher forcing: position t reads
+    targets before t, from the decoder's start token), as transformers does when given ``labels``."""
+    if targets is None or targets.dim() != 2 or targets.is_floating_point():
+        shape = "none" if targets is None else tuple(targets.shape)
+        raise ModelConfigError(f"{type(model).__name__} is an encoder-decoder model: its decoder reads the target "
+                               f"tokens (B, T), got {shape}; train it on a sequence-to-sequence task (copy, ...)")
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if prepare is not None:
+        return prepare(labels=targets)
+    config = model.config
+    start = getattr(config, "decoder_start_token_id", None)
+    shifted = targets.new_full(targets.shape, 0 if start is None else start)
+    shifted[:, 1:] = targets[:, :-1]
+    return shifted.masked_fill(shifted < 0, getattr(config, "pad_token_id", None) or 0)
 
 
 def _batch_first(outputs: torch.Tensor, steps: int, batch: int) -> torch.Tensor:

@@ -9,9 +9,10 @@ A reference to a transformers model class (``transformers:NAME`` or its own modu
 are the config's fields (one not in the config is refused in one line: a config class would
 silently keep any keyword). Sizes the options leave out are read from the task:
 
-* token inputs: ``vocab_size`` = the number of input ids; a causal LM's outputs are its
+* token inputs: ``vocab_size`` = the number of input ids; a causal LM's (and an
+  encoder-decoder's: ``...ForConditionalGeneration``, ``...MTModel``) outputs are its
   vocabulary, so there it is the task's number of classes (a task whose input ids exceed its
-  classes is refused);
+  classes is refused; the ``reverse`` task has one vocabulary);
 * a classifier (``...For*Classification``): ``num_labels`` = the task's classes;
 * image inputs (C, H, W): ``num_channels`` and ``image_size`` where the config has them;
 * positions: ``n_positions`` / ``max_position_embeddings`` raised to the sequence length.
@@ -57,14 +58,15 @@ def _quiet() -> Iterator[None]:
 def _sizes(cls: type, defaults: Any, options: dict, in_features, out_features, input_vocab, input_shape) -> dict:
     """The config fields the task sizes and the options leave out (module docstring)."""
     name = cls.__name__
-    causal = name.endswith(("ForCausalLM", "LMHeadModel"))
+    causal = name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "MTModel"))
     sized: dict[str, Any] = {}
     if input_vocab is not None and hasattr(defaults, "vocab_size"):
         if causal and out_features is not None:
             if input_vocab > out_features:
                 raise ModelConfigError(f"{name}'s outputs are its vocabulary, but the task's inputs have "
                                        f"{input_vocab} ids and its outputs {out_features} classes; use a model "
-                                       f"with a separate head (e.g. ...ForTokenClassification)")
+                                       f"with a separate head (e.g. ...ForTokenClassification), or a task with one "
+                                       f"vocabulary (reverse)")
             sized["vocab_size"] = out_features
         else:
             sized["vocab_size"] = input_vocab

@@ -1,0 +1,101 @@
+"""transformers' encoder-decoder models (BART, T5, Marian) as transformers trains them, tiny random configurations
+in float64: the inputs go to the encoder, the targets shifted by the model's own shift to the decoder (teacher
+forcing), the output at position t predicts target t; the ``reverse`` task (one vocabulary) from the command line."""
+
+import pytest
+import torch
+from helpers import autograd_grads, engine_grads, relative
+
+import models
+import tasks
+import trainers
+from tasks.base import sequence_cross_entropy
+
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.set_verbosity_error()
+
+V, T, B = 13, 6, 3
+
+
+def t5():
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=V, d_model=8, d_kv=4, d_ff=16, num_layers=2, num_decoder_layers=2, num_heads=2, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0))
+
+
+def bart():
+    return transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=V, d_model=8, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=16, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0))
+
+
+def marian():
+    return transformers.MarianMTModel(transformers.MarianConfig(
+        vocab_size=V, d_model=8, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=16, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, pad_token_id=V - 1, decoder_start_token_id=V - 1))
+
+
+BUILD = {"t5": t5, "bart": bart, "marian": marian}
+
+
+def case(name):
+    torch.manual_seed(0)
+    model = BUILD[name]().double().eval()
+    gen = torch.Generator().manual_seed(1)
+    return model, torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
+
+
+@pytest.mark.parametrize("name", sorted(BUILD))
+def test_the_decoder_reads_the_targets_as_transformers_shifts_them(name):
+    model, x, y = case(name)
+    with torch.no_grad():
+        theirs = model(input_ids=x, labels=y).logits  # transformers' own teacher forcing
+        ours = models.call_model(model, x, y).outputs
+    assert ours.shape == (B, T, V) and torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", sorted(BUILD))
+def test_backprop_is_autograd_of_the_next_token_loss_of_transformers_own_call(name):
+    model, x, y = case(name)
+    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy),
+                    exact) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["bart", "marian"])
+def test_highway_at_full_k_is_autograd_with_the_encoder_as_a_side_input(name):
+    model, x, y = case(name)
+    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
+    stack = models.residual_stack(model, example=(x, y))
+    assert stack.found.endswith("1 side input (encoder_hidden_states) read by every block")
+    got = engine_grads(stack, trainers.build_engine("highway", k=100), x, y, sequence_cross_entropy,
+                       strip="model.")
+    assert relative(got, exact) < 1e-10
+
+
+def test_an_encoder_decoder_without_token_targets_is_refused_in_one_line():
+    model, x, _ = case("bart")
+    with pytest.raises(models.ModelConfigError, match=r"BartForConditionalGeneration is an encoder-decoder model: "
+                                                      r"its decoder reads the target tokens \(B, T\), got \(3,\)"):
+        models.call_model(model, x, torch.zeros(B, dtype=torch.int64))
+
+
+def test_the_reverse_task_has_one_vocabulary_and_reversed_targets():
+    task = tasks.build("reverse", n_symbols=5, length=4, n_train=10, n_val=2, n_test=2)
+    assert torch.equal(task.train.targets, task.train.inputs.flip(1))
+    assert int(task.train.inputs.max()) < 5 and task.num_outputs == 5 and tuple(task.expected_output_shape) == (4, 5)
+
+
+def test_bart_trains_on_the_reverse_task_from_the_command_line_with_highway(tmp_path, capsys):
+    from trainers.cli import train_main
+
+    sizes = ["d_model=8", "encoder_layers=2", "decoder_layers=2", "encoder_attention_heads=2",
+             "decoder_attention_heads=2", "encoder_ffn_dim=16", "decoder_ffn_dim=16"]
+    code = train_main(["--model", "transformers:BartForConditionalGeneration",
+                       *[flag for size in sizes for flag in ("--model-option", size)], "--task", "reverse",
+                       "--task-option", "n_train=64", "--trainer", "highway", "--highway-k", "1", "--steps", "2",
+                       "--logdir", str(tmp_path), "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 0 and "1 side input (encoder_hidden_states) read by every block" in err
