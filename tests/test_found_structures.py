@@ -66,3 +66,21 @@ def test_opt_in_its_default_pre_ln_layout_is_exact_at_full_k():
     x, y = torch.randint(0, 23, (3, 7), generator=gen), torch.randint(0, 23, (3, 7), generator=gen)
     stack = check_exact_and_k0(model, x, y, sequence_cross_entropy, "model.decoder.layers.0.fc1.weight")
     assert "2 blocks (OPTDecoderLayer in model.decoder.layers)" in stack.found
+
+
+class Widening(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.fc = nn.Linear(cin, cout)
+
+    def forward(self, h):
+        return torch.tanh(self.fc(h))
+
+
+def test_a_structure_whose_blocks_all_change_shape_says_that_highway_is_backprop_there():
+    torch.manual_seed(0)
+    model = nn.Sequential(Widening(4, 5), Widening(5, 6), Widening(6, 7), nn.Linear(7, 3)).double()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    stack = models.residual_stack(model, example=x)
+    assert stack.found.endswith("3 exact boundaries (a shape change); every block changes the state's shape, so "
+                                "each is an exact boundary: Highway-BP is backprop here")

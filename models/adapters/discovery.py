@@ -502,4 +502,7 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
     if sides:
         stack.found += f"; {len(sides)} side input{'s' if len(sides) > 1 else ''} ({', '.join(sides)}) read by " \
                        f"every block"
+    if all(sub.boundary for sub in sublayers):
+        stack.found += "; every block changes the state's shape, so each is an exact boundary: Highway-BP is " \
+                       "backprop here"
     return stack
