@@ -377,10 +377,17 @@ class SameConv2d(nn.Conv2d):
 
 
 class ManualLinear(nn.Linear):
-    """A dense layer that makes no F.linear call: nothing for the feedback to take."""
+    """A dense layer that makes no F.linear call (Falcon's FalconLinear): run as x W^T + b written out."""
 
     def forward(self, x):
         return x @ self.weight.t() + self.bias
+
+
+class ScaledLinear(nn.Linear):
+    """No F.linear call, and more than x W^T + b: the function written out is not its forward."""
+
+    def forward(self, x):
+        return 2 * (x @ self.weight.t()) + self.bias
 
 
 @pytest.mark.parametrize("conv", [StdConv2d, SameConv2d])
@@ -416,13 +423,20 @@ def test_a_weight_transform_bypassed_is_refused_in_one_line(trainer, monkeypatch
                                f"check false (Python: self_check=False) skips the check)")
 
 
-def test_a_covered_layer_whose_forward_makes_no_linear_call_is_refused_naming_it():
+def test_a_layer_without_a_linear_call_runs_as_written_out_if_that_is_its_forward_and_is_refused_if_not():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), ManualLinear(5, 3)).double()
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(B, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (B,), generator=gen)
-    with pytest.raises(models.ModelConfigError, match=r"^self-check: trainer 'fa' found no linear or convolution "
-                                                      r"call in the forward of 2 \(ManualLinear\)"):
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), ManualLinear(5, 3)).double()
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    engine = trainers.build_engine("fa", path="layers")
+    engine.compute_grads(model, x, y, cross_entropy_loss)
+    assert engine.layers.written == {"2"}
+    engine.layers.mirror = True
+    assert relative(engine_grads(model, engine, x, y), exact) < 1e-12
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), ScaledLinear(5, 3)).double()
+    with pytest.raises(models.ModelConfigError, match=r"^self-check: trainer 'fa''s forward through the layer "
+                                                      r"functions \(with 2 run as the function of their weight"):
         trainers.build_engine("fa", path="layers").compute_grads(model, x, y, cross_entropy_loss)
 
 

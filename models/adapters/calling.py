@@ -279,8 +279,14 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
 
 
 def _encoder_decoder(model: nn.Module) -> bool:
-    """A transformers sequence-to-sequence model (BART, T5, Marian, ...): its decoder reads the targets."""
-    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    """A transformers sequence-to-sequence model (BART, T5, Marian, ...): its decoder reads the targets (an
+    encoder-only head of such a family, as WhisperForAudioClassification, takes no decoder inputs)."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    try:
+        return "decoder_input_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _decoder_inputs(model: nn.Module, targets: torch.Tensor | None) -> torch.Tensor:

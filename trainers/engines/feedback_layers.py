@@ -198,6 +198,7 @@ class LocalFeedback:
         self.direct, self.seed, self.mirror = direct, seed, mirror
         self.feedback: dict[str, torch.Tensor] = {}
         self.uncovered: set[str] = set()  # covered layers whose forward made no linear or convolution call
+        self.written: set[str] = set()  # ... run as the function written out (the self-check found it equal)
         self._e: torch.Tensor | None = None  # DFA: the error at the model's output, this step
 
     def _tensor(self, index: int, name: str, shape, fan_in: int, like: torch.Tensor) -> torch.Tensor:
@@ -242,9 +243,11 @@ class LocalFeedback:
 
     def _forward(self, index: int, name: str, module: nn.Module) -> Callable:
         """The layer's own forward, its linear or convolution call through ``_LocalBackward`` (``_Intercept``);
-        transformers' Conv1D (x W + b by ``addmm``) as that function written out."""
-        if _is_conv1d(module):
-            kind = _Dense(transposed=True)
+        transformers' Conv1D (x W + b by ``addmm``) and the layers ``written`` as that function written out."""
+        if _is_conv1d(module) or name in self.written:
+            kind = _Dense(transposed=_is_conv1d(module)) if not isinstance(module, nn.Conv2d) else _Conv(
+                module.stride, _padding(module.padding, module.kernel_size, module.dilation), module.dilation,
+                module.groups)
             feed = self._feed(index, name, kind)
             return lambda x: _LocalBackward.apply(x, module.weight, module.bias, kind, feed)
         forward = type(module).forward
@@ -289,16 +292,16 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
         expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
         mirror = LocalFeedback(direct=False, seed=0, mirror=True)  # FA with B = W: backprop
         mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
-        if mirror.uncovered:
-            name = sorted(mirror.uncovered)[0]
-            raise ModelConfigError(
-                f"self-check: trainer '{engine}' found no linear or convolution call in the forward of {name} "
-                f"({type(model.get_submodule(name)).__name__}) to give its feedback to ({len(mirror.uncovered)} such "
-                f"layer{'s' if len(mirror.uncovered) > 1 else ''}); train this model with backprop")
+        if mirror.uncovered:  # a layer that computes x W^T + b its own way (Falcon's): the function written out
+            mirror.written = set(mirror.uncovered)
+            mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
         if mine.shape != outputs.shape or differences(["outputs"], [mine], [outputs], outputs.dtype):
+            written = f" (with {', '.join(sorted(mirror.written)[:3])} run as the function of their weight: their " \
+                      f"forward makes no linear or convolution call)" if mirror.written else ""
             raise ModelConfigError(
-                f"self-check: trainer '{engine}''s forward through the layer functions is not the model's own on "
-                f"the first batch; train this model with backprop ({opt_out} skips the check)")
+                f"self-check: trainer '{engine}''s forward through the layer functions{written} is not the model's "
+                f"own on the first batch; train this model with backprop ({opt_out} skips the check)")
+        feedback.written = set(mirror.written)
         feedback.compute(model, inputs, targets, loss_fn, params)  # a projection that cannot reach a layer
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
                        [n for n, _ in named], got, expected, params[0].dtype,
