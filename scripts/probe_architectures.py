@@ -14,7 +14,8 @@ runs, each on a fresh deep copy, through the public API only:
   (structure discovery; ``stack.found`` is recorded), and with k = 0 on the same structure (a contrast:
   it should differ from autograd);
 * ``fa`` and ``dfa`` (path auto: the layer path on these models): do they run; and FA with every
-  feedback matrix set to its forward weight (``engine.layers.feedback``), which must equal backprop.
+  feedback matrix set to the weight each layer's call uses (``engine.layers.mirror``: the weight as the
+  forward computes it, e.g. standardised), which must equal backprop.
 
 Gradients are compared with ``torch.autograd.grad`` of ``loss_fn(models.call_model(model, x, y).outputs, y)``
 on the original model, per parameter: ``||g - g_ref|| / max(||g_ref||, 1e-30 ||g_ref of all||)``.
@@ -63,7 +64,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
 import trainers  # noqa: E402
 from tasks.base import cross_entropy_loss, sequence_cross_entropy  # noqa: E402
-from trainers.engines.feedback_layers import covered_layers  # noqa: E402
 
 RTOL = 1e-6  # float64: an exact method agrees to ~1e-12
 NOISE = 1e-8  # a reference gradient below this fraction of the total is numerically zero
@@ -462,7 +462,7 @@ def probe(case: Case) -> dict:
 def _fa_bw(model: nn.Module):
     """FA whose every feedback matrix is its layer's forward weight: backprop, if the layer path is exact."""
     engine = trainers.build_engine("fa")
-    engine.layers.feedback = {n: mod.weight.detach().clone() for n, mod in covered_layers(model)}
+    engine.layers.mirror = True  # B = the weight each layer's call uses (a standardised weight, not the stored)
     return engine
 
 

@@ -531,3 +531,48 @@ def test_a_failure_inside_the_check_is_one_line_and_a_refusal_passes_through():
     with pytest.raises(models.ModelConfigError, match="^as it was$"):
         with failures_refused("Highway-BP", "--highway-self-check false"):
             raise models.ModelConfigError("as it was")
+
+
+class CachedBias(nn.Module):
+    """timm's LeViT attention bias: in eval mode the bias is computed once and cached, with its graph, until
+    ``train()`` drops it."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias, self.cache = nn.Parameter(torch.randn(N)), {}
+
+    def train(self, mode=True):
+        super().train(mode)
+        if mode:
+            self.cache = {}
+        return self
+
+    def forward(self, h):
+        if self.training:
+            return h + 2 * self.bias
+        if "b" not in self.cache:
+            self.cache["b"] = 2 * self.bias
+        return h + self.cache["b"]
+
+
+class CachedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.cached = nn.Linear(N, N), CachedBias()
+
+    def forward(self, h):
+        return h + torch.tanh(self.cached(self.fc(h)))
+
+
+@pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
+def test_the_checks_passes_each_build_an_eval_mode_cache_of_their_own_and_leave_none(trainer):
+    """Every pass of the check (eval mode) would read the first pass's cached tensor, whose graph that pass's
+    backward freed: 'backward through the graph a second time' (LeViT, EfficientFormer-V2)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, N), CachedBlock(), CachedBlock(), CachedBlock(), nn.Linear(N, 3)).double()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(B, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (B,), generator=gen)
+    target = models.residual_stack(model, example=x) if trainer == "highway" else model
+    engine = trainers.build_engine(trainer, **({"k": 100} if trainer == "highway" else {"path": "layers"}))
+    engine.compute_grads(target, x, y, cross_entropy_loss)
+    assert model.training and all(not block.cached.cache for block in model[1:4])

@@ -26,7 +26,7 @@ from torch import nn
 
 from models.errors import ModelConfigError, one_line
 
-__all__ = ["quiet", "failures_refused", "tolerance", "differences", "refuse_differences"]
+__all__ = ["quiet", "fresh_eval", "failures_refused", "tolerance", "differences", "refuse_differences"]
 
 _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 
@@ -45,15 +45,24 @@ def quiet(model: nn.Module) -> Iterator[None]:
     devices = sorted({b.device.index or 0 for b in [*model.parameters(), *model.buffers()]
                       if b.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
-        model.eval()
+        fresh_eval(model)
         try:
             yield
         finally:
+            model.train()  # the check's eval-mode caches dropped (``fresh_eval``), then each module's mode back
             for module, mode in modes.items():
                 module.training = mode
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+
+
+def fresh_eval(model: nn.Module) -> None:
+    """``model`` in eval mode without what an earlier eval-mode forward cached: timm's attention-bias caches
+    (LeViT, EfficientFormer-V2) keep one tensor, with its graph, for every forward in eval mode and drop it on
+    ``train()``; each pass of a check builds its own, as a training step would."""
+    model.train()
+    model.eval()
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ from models.adapters.calling import call_model
 from models.adapters.discovery import replaced_forwards
 from models.errors import ModelConfigError
 from trainers.core.engine import trainable_parameters
-from trainers.core.self_check import differences, failures_refused, quiet, refuse_differences
+from trainers.core.self_check import differences, failures_refused, fresh_eval, quiet, refuse_differences
 
 __all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 
@@ -291,9 +291,11 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
         # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
         expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
         mirror = LocalFeedback(direct=False, seed=0, mirror=True)  # FA with B = W: backprop
+        fresh_eval(model)
         mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
         if mirror.uncovered:  # a layer that computes x W^T + b its own way (Falcon's): the function written out
             mirror.written = set(mirror.uncovered)
+            fresh_eval(model)
             mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
         if mine.shape != outputs.shape or differences(["outputs"], [mine], [outputs], outputs.dtype):
             written = f" (with {', '.join(sorted(mirror.written)[:3])} run as the function of their weight: their " \
@@ -302,6 +304,7 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
                 f"self-check: trainer '{engine}''s forward through the layer functions{written} is not the model's "
                 f"own on the first batch; train this model with backprop ({opt_out} skips the check)")
         feedback.written = set(mirror.written)
+        fresh_eval(model)
         feedback.compute(model, inputs, targets, loss_fn, params)  # a projection that cannot reach a layer
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
                        [n for n, _ in named], got, expected, params[0].dtype,

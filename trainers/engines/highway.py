@@ -65,7 +65,7 @@ from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
 from trainers.core.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
 from trainers.core.registry import register_engine
-from trainers.core.self_check import failures_refused, quiet, refuse_differences
+from trainers.core.self_check import failures_refused, fresh_eval, quiet, refuse_differences
 
 __all__ = ["Highway", "highway_iterations"]
 
@@ -366,6 +366,7 @@ class Highway(GradientEngine):
             outputs = call_model(model.model, inputs, targets).outputs
             # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
             expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
+            fresh_eval(model)
             by_param = self._depth_step(model, params, inputs, targets, loss_fn, exact=True)[2]
         names = [n.removeprefix("model.") for n, _ in named]
         blocks = {id(p) for block in model.blocks for p in block.parameters()}
