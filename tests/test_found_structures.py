@@ -84,3 +84,72 @@ def test_a_structure_whose_blocks_all_change_shape_says_that_highway_is_backprop
     stack = models.residual_stack(model, example=x)
     assert stack.found.endswith("3 exact boundaries (a shape change); every block changes the state's shape, so "
                                 "each is an exact boundary: Highway-BP is backprop here")
+
+
+class MaskedBlock(nn.Module):
+    """h + W tanh(mask * LN(h)): the mask a per-block argument (Gemma-2's sliding and global layers)."""
+
+    def __init__(self, width=6):
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(width), nn.Linear(width, width)
+
+    def forward(self, h, mask):
+        return h + self.fc(torch.tanh(mask * self.norm(h)))
+
+
+class Alternating(nn.Module):
+    def __init__(self, width=6, layers=4):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, width), nn.Linear(width, 4)
+        self.blocks = nn.ModuleList(MaskedBlock(width) for _ in range(layers))
+
+    def forward(self, x):
+        local = (torch.arange(x.shape[-1] * 2) % 2).to(x.dtype).repeat(3)[:6]  # rebuilt for every batch
+        masks = {"local": local, "global": torch.ones_like(local)}
+        h = self.embed(x)
+        for i, block in enumerate(self.blocks):
+            h = block(h, masks["local" if i % 2 else "global"])
+        return self.head(h)
+
+
+def test_blocks_given_their_own_masks_are_found_each_with_its_arguments_and_exact():
+    torch.manual_seed(0)
+    model = Alternating().double()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 3, generator=gen, dtype=torch.float64), torch.randint(0, 4, (5,), generator=gen)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
+    assert "; each block given its own arguments (masks)" in stack.found
+
+
+class BiasFromFirst(nn.Module):
+    """The first block computes a bias and returns it beside the state; the others are given it (T5)."""
+
+    def __init__(self, width=6, layers=3):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, width), nn.Linear(width, 4)
+        self.blocks = nn.ModuleList(BiasBlock(width, first=i == 0) for i in range(layers))
+
+    def forward(self, x):
+        h, bias = self.embed(x), None
+        for block in self.blocks:
+            h, bias = block(h, bias)
+        return self.head(h)
+
+
+class BiasBlock(nn.Module):
+    def __init__(self, width, first):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.table = nn.Parameter(torch.randn(width)) if first else None
+
+    def forward(self, h, bias=None):
+        bias = 2 * self.table if bias is None else bias
+        return h + self.fc(torch.tanh(h + bias)), bias
+
+
+def test_a_block_given_what_an_earlier_block_returned_is_refused_in_one_line():
+    torch.manual_seed(0)
+    model = BiasFromFirst().double()
+    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: blocks.1 is given a tensor an earlier block "
+                                                      r"returned besides its state \(a position bias"):
+        models.residual_stack(model, example=torch.randn(2, 3, dtype=torch.float64))

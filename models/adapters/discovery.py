@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from models.adapters.calling import call_model
-from models.errors import ModelConfigError
+from models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualFound", "FoundBlock", "discover", "replaced_forwards"]
 
@@ -212,11 +212,11 @@ class _Context:
         self.kwargs = {k: False if k == "use_cache" else _again(v) for k, v in kwargs.items()}
         return self.args[self.where] if isinstance(self.where, int) else self.kwargs[self.where]
 
-    def detach_sides(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    def detach_sides(self, pairs: dict | None = None) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         """Every tensor argument besides the state that carries a graph (a side input), replaced in what the
-        blocks are given by a leaf (one per tensor, also where it is passed twice or inside a tuple or dict);
-        returns (argument name, original, leaf) triples."""
-        pairs: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
+        blocks are given by a leaf (one per tensor, also where it is passed twice, inside a tuple or dict, or,
+        with ``pairs`` shared, to several contexts); returns (argument name, original, leaf) triples."""
+        pairs = {} if pairs is None else pairs
 
         def leaf(value: Any, name: str) -> Any:
             if isinstance(value, torch.Tensor) and value.requires_grad:
@@ -235,6 +235,9 @@ class _Context:
                                                          f"argument {i}") for i, a in enumerate(self.args))
         self.kwargs = {k: v if k == self.where else leaf(v, k) for k, v in self.kwargs.items()}
         return list(pairs.values())
+
+    def state(self) -> torch.Tensor:
+        return self.args[self.where] if isinstance(self.where, int) else self.kwargs[self.where]
 
 
 class FoundBlock(nn.Module):
@@ -324,18 +327,22 @@ class ResidualFound(nn.Module):
     stem_reads_targets = True  # the stem runs the model's forward, which may read the targets (nanoGPT)
     vmappable = False  # blocks read the batch's arguments: Highway-BP's reference path
 
-    def __init__(self, model: nn.Module, chain: list[nn.Module], sublayers: list[FoundBlock], context: _Context,
+    def __init__(self, model: nn.Module, chain: list[nn.Module], sublayers: list[FoundBlock], contexts: list,
                  outputs: list, before: list[nn.Module], found: str):
         super().__init__()
         self.model = model  # the only registered child: the user's Parameters, under their own names
         self.__dict__["blocks"] = nn.ModuleList(sublayers)  # unregistered: their modules are the model's
-        self.__dict__["chain"], self.__dict__["context"] = chain, context
+        self.__dict__["chain"], self.__dict__["context"] = chain, contexts[0]
+        self.__dict__["contexts"] = contexts  # one per block where the blocks are given different arguments
         self.__dict__["outputs"], self.__dict__["before"] = outputs, before
         self.found = found
 
     def stem(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """The forward up to the first block; keeps what it passes the blocks (the batch's masks, rotary
-        tables) and the batch (module docstring)."""
+        tables) and the batch (module docstring). Where the blocks are given different arguments (per-block
+        masks), the whole forward runs with every block passing its input through, each block's arguments kept."""
+        if len(self.contexts) > 1:
+            return self._stem_per_block(x, targets)
         seen: dict = {}
 
         def intercept(*args, **kwargs):
@@ -352,6 +359,25 @@ class ResidualFound(nn.Module):
                                    f"not called on this batch")
         self.context.inputs, self.context.targets = x, targets
         return self.context.keep(seen["args"], seen["kwargs"])
+
+    def _stem_per_block(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        seen: dict[int, tuple] = {}
+
+        def record(i: int) -> Callable:
+            def keep(*args, **kwargs):
+                seen[i] = (args, kwargs)
+                return _like(self.outputs[i], _state(args, kwargs))
+            return keep
+
+        with replaced_forwards({m: record(i) for i, m in enumerate(self.chain)}):
+            call_model(self.model, x, targets)
+        if len(seen) < len(self.chain):
+            raise ModelConfigError(f"residual_stack: {len(self.chain) - len(seen)} of the {len(self.chain)} blocks "
+                                   f"found were not called on this batch")
+        for i, context in enumerate(self.contexts):
+            context.keep(*seen[i])
+        self.context.inputs, self.context.targets = x, targets
+        return self.context.state()
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The forward after the last block: the forward again, every block passing its input through and the
@@ -375,7 +401,10 @@ class ResidualFound(nn.Module):
         on trainable parameters (an encoder's output, a shared position table or bias), each replaced by a leaf
         in what the blocks are given; (name, original, leaf) triples. Highway-BP sums each leaf's cotangents over
         the blocks and backpropagates them through the original (``_Context.detach_sides``)."""
-        return self.context.detach_sides()
+        pairs: dict = {}  # one leaf per tensor, whichever blocks are given it
+        for context in self.contexts:
+            context.detach_sides(pairs)
+        return list(pairs.values())
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         return call_model(self.model, x, targets).outputs
@@ -425,6 +454,43 @@ def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float)
     return whole
 
 
+def _same_arguments(call: _Call, first: _Call, where: int | str) -> bool:
+    """``call`` is given what ``first`` is besides the state: the same tensors, equal other values."""
+    rest = [a for i, a in enumerate(call.args) if i != where]
+    return len(call.args) == len(first.args) and call.kwargs.keys() == first.kwargs.keys() and all(
+        a is b or (not isinstance(a, torch.Tensor) and a == b)
+        for a, b in zip(rest + [v for k, v in call.kwargs.items() if k != where],
+                        [a for i, a in enumerate(first.args) if i != where]
+                        + [v for k, v in first.kwargs.items() if k != where], strict=True))
+
+
+def _check_per_block(chain: list[_Call], where: int | str, names: dict) -> None:
+    """Blocks given different arguments are found only where each is given the state at the same place and
+    nothing an earlier block returned (T5's position bias, computed by the first block: refused)."""
+    first = chain[0]
+    for j, call in enumerate(chain[1:], start=1):
+        state = call.args[where] if isinstance(where, int) and where < len(call.args) else call.kwargs.get(where)
+        if state is not call.x:
+            raise ModelConfigError(f"residual_stack: the blocks found ({type(first.module).__name__}) take their state "
+                                   f"at different places; declare the stack by hand")
+        returned = {id(t) for earlier in chain[:j] for t in _tensors(earlier.output) if t is not earlier.y}
+        given = [t for value in [*call.args, *call.kwargs.values()] for t in _tensors(value) if t is not state]
+        if any(id(t) in returned for t in given):
+            raise ModelConfigError(f"residual_stack: {names.get(id(call.module))} is given a tensor an earlier block "
+                                   f"returned besides its state (a position bias the first block computes, as T5's); "
+                                   f"declare the stack by hand")
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
 def _agrees(sublayers: list[FoundBlock], h: torch.Tensor, expected: torch.Tensor) -> bool:
     """The sublayers, one after the other, give the block's output from its input (a split that cannot run, as
     one that reads the second norm of a block whose sublayers are not h + f(norm(h)), does not)."""
@@ -461,24 +527,18 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         where: int | str = next((i for i, a in enumerate(first.args) if a is first.x), -1)
         if where == -1:
             where = next(k for k, v in first.kwargs.items() if v is first.x)
-        for call in chain[1:]:
-            rest = [a for i, a in enumerate(call.args) if i != where]
-            same = len(call.args) == len(first.args) and call.kwargs.keys() == first.kwargs.keys() and all(
-                a is b or (not isinstance(a, torch.Tensor) and a == b)
-                for a, b in zip(rest + [v for k, v in call.kwargs.items() if k != where],
-                                [a for i, a in enumerate(first.args) if i != where]
-                                + [v for k, v in first.kwargs.items() if k != where], strict=True))
-            if not same:
-                raise ModelConfigError(f"residual_stack: the blocks found ({type(first.module).__name__}) are given "
-                                       f"different arguments besides the state ({names.get(id(call.module))}); "
-                                       f"declare the stack by hand")
+        per_block = not all(_same_arguments(call, first, where) for call in chain[1:])
+        if per_block:
+            _check_per_block(chain, where, names)
         try:
             arg_names = tuple(inspect.signature(first.module.forward).parameters)
         except (TypeError, ValueError):  # a forward without a signature Python can read
             arg_names = ()
-        context = _Context(where, arg_names)
-        context.keep(first.args, first.kwargs)
-        sublayers = [sub for call in chain for sub in _sublayers(call, calls, context, gamma)]
+        contexts = [_Context(where, arg_names) for _ in (chain if per_block else chain[:1])]
+        for context, call in zip(contexts, chain, strict=False):
+            context.keep(call.args, call.kwargs)
+        sublayers = [sub for i, call in enumerate(chain)
+                     for sub in _sublayers(call, calls, contexts[i if per_block else 0], gamma)]
         ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
         before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
     finally:
@@ -491,14 +551,21 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
              f" as {len(sublayers)} residual sublayers: "
              + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
                          for k, n in counts.items()))
-    stack = ResidualFound(model, modules, sublayers, context, [c.output for c in chain], before, found)
+    stack = ResidualFound(model, modules, sublayers, contexts, [c.output for c in chain], before, found)
     model.eval()
     try:
         with torch.enable_grad():  # which arguments besides the state depend on trainable parameters
             stack.stem(inputs, targets)
         sides = sorted({name for name, _, _ in stack.side_inputs()})
+    except Exception as err:  # noqa: BLE001 - a forward that needs its blocks' real outputs to go on
+        raise ModelConfigError(f"residual_stack: the blocks found ({type(modules[0]).__name__}) are given different "
+                               f"arguments besides the state, and the forward cannot run with its blocks passing "
+                               f"their input through to give them ({one_line(err)}); declare the stack by hand") \
+            from None
     finally:
         model.train(was_training)
+    if per_block:
+        stack.found += "; each block given its own arguments (masks)"
     if sides:
         stack.found += f"; {len(sides)} side input{'s' if len(sides) > 1 else ''} ({', '.join(sides)}) read by " \
                        f"every block"
