@@ -263,6 +263,8 @@ RUNS = [
     # "Models from transformers and timm"
     Run("bert", r"\.venv/bin/python scripts/compare\.py --model transformers:BertForTokenClassification ",
         comparison("compare-copy", "backprop", "highway-k2", "fa", "dfa"), COMPARE),
+    Run("bart", r"\.venv/bin/python scripts/train\.py --model transformers:BartForConditionalGeneration ",
+        trained("highway"), TRAIN),
 ]
 
 DATA = "reads ../shared/data (outside the repository)"

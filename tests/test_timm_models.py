@@ -4,6 +4,8 @@ float64. timm needs torchvision, which imports here only beside torch 2.14.1: th
 .venv-timm (`bash scripts/setup.sh timm`, then `.venv-timm/bin/python -m pytest tests/test_timm_models.py`)
 and are skipped in CI's environment, which has no timm."""
 
+import functools
+
 import pytest
 import torch
 from helpers import autograd_grads, engine_grads, relative
@@ -111,3 +113,30 @@ def test_fa_on_a_resnet_covers_every_convolution_and_with_b_equal_w_is_backprop(
         if name in engine.layers.feedback:
             engine.layers.feedback[name] = module.weight.detach().clone()
     assert relative(grads(model, engine, x, y), exact) < 1e-12
+
+
+# ---- FA with B = W on layers whose forward transforms the weight or pads the input (issue 39, item 5) -------
+
+AS_WRITTEN = {  # StdConv2d (weight standardisation) and Conv2dSame (TF "same" padding in the forward)
+    "resnetv2 (StdConv2d)": lambda: timm.models.resnetv2.ResNetV2(
+        layers=[1, 1], channels=(32, 64), num_classes=4, stem_chs=32,
+        norm_layer=functools.partial(timm.layers.GroupNormAct, num_groups=8)),
+    "tf_mobilenetv3_small_minimal_100": lambda: timm.create_model("tf_mobilenetv3_small_minimal_100",
+                                                                  num_classes=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AS_WRITTEN))
+def test_fa_with_b_equal_w_is_backprop_where_the_layers_transform_their_weight_or_pad(name):
+    torch.manual_seed(0)
+    model = randomised(AS_WRITTEN[name]()).double().eval()
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert kinds & {"StdConv2d", "Conv2dSame"}  # the kind this test is about is there
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 3, 32, 32, generator=gen, dtype=torch.float64), torch.tensor([0, 3])
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    engine = trainers.build_engine("fa", path="layers")
+    engine.layers.mirror = True  # B = the weight each layer's call uses
+    assert relative(engine_grads(model, engine, x, y), exact) < 1e-10
+    dfa = engine_grads(model, trainers.build_engine("dfa", path="layers"), x, y)
+    assert all(torch.isfinite(g).all() for g in dfa.values())
