@@ -1,10 +1,12 @@
 """FA and DFA on any model: every weight layer's backward uses the fixed feedback, the rest is autograd.
 
 BioTorch's way (each nn.Linear and nn.Conv2d swapped for a layer whose backward uses the
-feedback), here without replacing a module or a Parameter: during one gradient computation the
-covered layers' forwards are replaced (instance attributes, put back after) by one autograd
-function whose forward is the layer's and whose backward is, with delta the error at the
-layer's output and x its input:
+feedback), here without replacing a module or a Parameter: during one gradient computation each
+covered layer's own forward runs, and its first ``F.linear`` or ``F.conv2d`` call (taken by a
+``TorchFunctionMode`` while that forward runs) goes through one autograd function that computes
+the call as given (the weight as the forward made it: standardised, parametrized; the input as it
+padded it; in its dtype) and whose backward is, with delta the error at the call's output, x its
+input and W its weight (autograd carries grad W on through whatever made W):
 
     grad W = delta^T x,  grad b = sum delta      (the layer's own, local and exact)
     grad x = delta B      FA: B fixed random, of W's shape (backprop is B = W)
@@ -33,11 +35,13 @@ with the fan-in of the map they replace (FA: the layer's input width or C_in k^2
 d_y), each drawn when first needed from a generator seeded by (feedback_seed, the layer's index
 among the covered layers), never trained, saved in checkpoints.
 
-The layer path's self-check (``check_layer_path``, on the first batch, ``trainers.core.self_check``): each
-covered layer's function on the input it received in the model's own forward gives the output the layer
-gave (a layer that computes its weight or padding in its forward, as timm's StdConv2d and Conv2dSame do, is
-refused, named), and FA with every feedback set to its forward weight is autograd of the model's own
-forward, on every parameter (FA with B = W is backprop).
+A covered layer whose forward makes no such call (Falcon's ``x @ W.T + b``) runs as that function
+written out on its stored weight, where the self-check finds it equal to the layer's forward.
+
+The layer path's self-check (``check_layer_path``, on the first batch, ``trainers.core.self_check``): the
+forward through the layer functions is the model's own, FA with every feedback set to the weight each call
+uses (``mirror``) is autograd of the model's own forward on every parameter (FA with B = W is backprop),
+and DFA's own pass runs once.
 """
 
 import math
@@ -281,8 +285,8 @@ class LocalFeedback:
 def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, feedback: LocalFeedback) -> None:
     """The layer path's self-check (module docstring): one ``ModelConfigError`` line if a covered layer's forward
     makes no linear or convolution call, if the forward through the layer functions is not the model's own, if
-    FA with B = W is not autograd, or if the engine's own pass (``feedback``: its random tensors, drawn here as
-    at its first step) fails on the batch."""
+    FA with B = W is not autograd, or if DFA's own pass (``feedback``: its random tensors, drawn here as at its
+    first step) fails on the batch."""
     named = trainable_parameters(model)
     params = [p for _, p in named]
     opt_out = f"--{engine}-self-check false (Python: self_check=False)"
@@ -304,8 +308,9 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
                 f"self-check: trainer '{engine}''s forward through the layer functions{written} is not the model's "
                 f"own on the first batch; train this model with backprop ({opt_out} skips the check)")
         feedback.written = set(mirror.written)
-        fresh_eval(model)
-        feedback.compute(model, inputs, targets, loss_fn, params)  # a projection that cannot reach a layer
+        if feedback.direct:  # a projection that cannot reach a layer (FA's feedback has its layer's shape)
+            fresh_eval(model)
+            feedback.compute(model, inputs, targets, loss_fn, params)
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
                        [n for n, _ in named], got, expected, params[0].dtype,
                        "a layer whose backward the feedback replaces computes more than its weight and input show, "
