@@ -45,11 +45,16 @@ def check_exact_and_k0(model, x, y, loss_fn, parameter):
     return stack
 
 
-def test_blocks_on_the_raw_input_are_exact_at_full_k():
+def classified(model, features):
+    """``model`` in float64 (seeded) and a batch of 5 samples of ``features`` with 4 classes."""
     torch.manual_seed(0)
-    model = RawInput().double()
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(5, 6, generator=gen, dtype=torch.float64), torch.randint(0, 4, (5,), generator=gen)
+    x, y = torch.randn(5, features, generator=gen, dtype=torch.float64), torch.randint(0, 4, (5,), generator=gen)
+    return model().double(), x, y
+
+
+def test_blocks_on_the_raw_input_are_exact_at_full_k():
+    model, x, y = classified(RawInput, 6)
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
     assert stack.found.startswith("3 blocks (Residual in blocks)")
 
@@ -113,10 +118,7 @@ class Alternating(nn.Module):
 
 
 def test_blocks_given_their_own_masks_are_found_each_with_its_arguments_and_exact():
-    torch.manual_seed(0)
-    model = Alternating().double()
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(5, 3, generator=gen, dtype=torch.float64), torch.randint(0, 4, (5,), generator=gen)
+    model, x, y = classified(Alternating, 3)
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
     assert "; each block given its own arguments (masks)" in stack.found
 

@@ -76,11 +76,14 @@ class EncoderDecoder(nn.Module):
         self.encoder = nn.ModuleList(Block() for _ in range(encoder))
         self.decoder = nn.ModuleList(CrossBlock() for _ in range(decoder))
 
-    def forward(self, idx):
+    def encode(self, idx):
         memory = self.embed(idx)
         for block in self.encoder:
             memory = block(memory)
-        h = self.embed(idx.flip(1))
+        return memory
+
+    def forward(self, idx):
+        memory, h = self.encode(idx), self.embed(idx.flip(1))
         for block in self.decoder:
             h = block(h, memory=memory)
         return self.head(h)
@@ -192,10 +195,7 @@ class HiddenMemory(EncoderDecoder):
         self.decoder = nn.ModuleList(StoredCrossBlock() for _ in range(3))
 
     def forward(self, idx):
-        memory = self.embed(idx)
-        for block in self.encoder:
-            memory = block(memory)
-        h = self.embed(idx.flip(1))
+        memory, h = self.encode(idx), self.embed(idx.flip(1))
         for block in self.decoder:
             block.__dict__["memory"] = memory
             h = block(h)
