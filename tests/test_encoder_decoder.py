@@ -99,3 +99,23 @@ def test_bart_trains_on_the_reverse_task_from_the_command_line_with_highway(tmp_
                        "--logdir", str(tmp_path), "--progress", "false"])
     err = capsys.readouterr().err
     assert code == 0 and "1 side input (encoder_hidden_states) read by every block" in err
+
+
+def test_t5_with_three_layers_is_exact_at_full_k_its_first_block_with_the_stem():
+    """T5's first block computes the relative position bias and returns it to the others: it joins the stem."""
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=V, d_model=8, d_kv=4, d_ff=16, num_layers=3, num_decoder_layers=3, num_heads=2, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0)).double().eval()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
+    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
+    stack = models.residual_stack(model, example=(x, y))
+    assert stack.found.startswith("2 blocks (T5Block in decoder.block)") and "decoder.block.0, which computes" in \
+        stack.found and "encoder_hidden_states" in stack.found
+    got = engine_grads(stack, trainers.build_engine("highway", k=100), x, y, sequence_cross_entropy,
+                       strip="model.")
+    assert relative(got, exact) < 1e-6  # T5's RMSNorm computes its variance in float32: ~1e-8 (the check's floor)
+    k0 = engine_grads(stack, trainers.build_engine("highway", k=0), x, y, sequence_cross_entropy, strip="model.")
+    assert relative(k0["decoder.block.1.layer.0.SelfAttention.q.weight"],
+                    exact["decoder.block.1.layer.0.SelfAttention.q.weight"]) > 1e-4

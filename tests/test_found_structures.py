@@ -149,9 +149,34 @@ class BiasBlock(nn.Module):
         return h + self.fc(torch.tanh(h + bias)), bias
 
 
-def test_a_block_given_what_an_earlier_block_returned_is_refused_in_one_line():
-    torch.manual_seed(0)
-    model = BiasFromFirst().double()
-    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: blocks.1 is given a tensor an earlier block "
-                                                      r"returned besides its state \(a position bias"):
-        models.residual_stack(model, example=torch.randn(2, 3, dtype=torch.float64))
+def test_a_first_block_that_returns_what_the_others_read_joins_the_stem_and_highway_is_exact():
+    """T5's layout: the first block computes a bias from its own table and returns it to the others; it is
+    backpropagated exactly with the stem, the bias a side input of the rest."""
+    model, x, y = classified(BiasFromFirst, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.1.fc.weight")
+    assert stack.found.startswith("2 blocks (BiasBlock in blocks)")
+    assert stack.found.endswith("; blocks.0, which computes what the others are given besides the state (a position "
+                                "bias), backpropagated exactly with the stem; 1 side input (bias) read by every block")
+
+
+class ChainOfBiases(BiasFromFirst):
+    """Every block computes a new bias from the one it is given: no single block opens them all."""
+
+    def __init__(self):
+        super().__init__()
+        for block in self.blocks:
+            block.table = nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        h, bias = self.embed(x), None
+        for block in self.blocks:
+            h, bias = block(h, bias)
+            bias = bias + block.table
+        return self.head(h)
+
+
+def test_blocks_given_what_several_earlier_blocks_returned_are_refused_in_one_line():
+    model, x, _ = classified(ChainOfBiases, 3)
+    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the blocks found \(BiasBlock\) are given "
+                                                      r"different arguments"):
+        models.residual_stack(model, example=x)

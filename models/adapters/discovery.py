@@ -481,6 +481,24 @@ def _check_per_block(chain: list[_Call], where: int | str, names: dict) -> None:
                                    f"declare the stack by hand")
 
 
+def _returns_what_the_others_read(chain: list[_Call]) -> _Call | None:
+    """The chain's first call, where every later call is given a tensor it returned besides its state and
+    nothing another block returned (T5's first block computes the relative position bias from its own table
+    and returns it to the others): that block then belongs to the stem, backpropagated exactly, and what it
+    returned is a side input of the others. None otherwise."""
+    first = chain[0]
+    returned = {id(t) for t in _tensors(first.output) if t is not first.y}
+    for call in chain[1:]:
+        given = {id(t) for value in [*call.args, *call.kwargs.values()] for t in _tensors(value) if t is not call.x}
+        if not given & returned:
+            return None
+        others = {id(t) for earlier in chain[1:] if earlier is not call and earlier.end < call.start
+                  for t in _tensors(earlier.output) if t is not earlier.y}  # the first's, passed on, are its own
+        if given & (others - returned):
+            return None
+    return first
+
+
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -523,6 +541,9 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         if len({id(m) for m in modules}) < len(modules):
             raise ModelConfigError(f"residual_stack: {names[id(modules[0])] or type(modules[0]).__name__} is "
                                    f"called more than once in a row (shared weights); declare the stack by hand")
+        opener = _returns_what_the_others_read(chain)
+        if opener:  # T5: the first block computes the position bias and returns it to the others
+            chain, modules = chain[1:], modules[1:]
         first = chain[0]
         where: int | str = next((i for i, a in enumerate(first.args) if a is first.x), -1)
         if where == -1:
@@ -566,6 +587,9 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         model.train(was_training)
     if per_block:
         stack.found += "; each block given its own arguments (masks)"
+    if opener:
+        stack.found += (f"; {names.get(id(opener.module))}, which computes what the others are given besides the "
+                        f"state (a position bias), backpropagated exactly with the stem")
     if sides:
         stack.found += f"; {len(sides)} side input{'s' if len(sides) > 1 else ''} ({', '.join(sides)}) read by " \
                        f"every block"
