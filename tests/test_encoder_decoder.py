@@ -119,3 +119,28 @@ def test_t5_with_three_layers_is_exact_at_full_k_its_first_block_with_the_stem()
     k0 = engine_grads(stack, trainers.build_engine("highway", k=0), x, y, sequence_cross_entropy, strip="model.")
     assert relative(k0["decoder.block.1.layer.0.SelfAttention.q.weight"],
                     exact["decoder.block.1.layer.0.SelfAttention.q.weight"]) > 1e-4
+
+
+CLI = {  # the architectures that ended in a traceback, by name from the command line, tiny sizes
+    "OPTForCausalLM": ("reverse", ["hidden_size=8", "num_hidden_layers=2", "ffn_dim=16", "num_attention_heads=2",
+                                   "word_embed_proj_dim=8"]),
+    "DebertaV2ForTokenClassification": ("copy", ["hidden_size=8", "num_hidden_layers=2", "num_attention_heads=2",
+                                                 "intermediate_size=16", "relative_attention=True",
+                                                 "max_relative_positions=8"]),
+    "T5ForConditionalGeneration": ("reverse", ["d_model=8", "d_kv=4", "d_ff=16", "num_layers=3",
+                                               "num_decoder_layers=3", "num_heads=2"]),
+}
+
+
+@pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
+@pytest.mark.parametrize("name", sorted(CLI))
+def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_path, capsys):
+    from trainers.cli import train_main
+
+    task, sizes = CLI[name]
+    code = train_main(["--model", f"transformers:{name}", *[f for size in sizes for f in ("--model-option", size)],
+                       "--task", task, "--task-option", "n_train=32", "--task-option", "n_val=8", "--task-option",
+                       "n_test=8", "--trainer", trainer, "--steps", "1", "--eval-batches", "1", "--logdir",
+                       str(tmp_path), "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err

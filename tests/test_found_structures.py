@@ -180,3 +180,18 @@ def test_blocks_given_what_several_earlier_blocks_returned_are_refused_in_one_li
     with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the blocks found \(BiasBlock\) are given "
                                                       r"different arguments"):
         models.residual_stack(model, example=x)
+
+
+class Fails(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        raise AttributeError("'Config' object has no attribute 'decoder_start_token_id'")
+
+
+def test_an_example_the_model_cannot_run_is_refused_in_one_line_by_discovery():
+    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the example does not run through Fails "
+                                                      r"\(AttributeError: 'Config' object has no attribute"):
+        models.residual_stack(Fails(), example=torch.randn(2, 3))

@@ -291,16 +291,17 @@ def _encoder_decoder(model: nn.Module) -> bool:
 
 def _decoder_inputs(model: nn.Module, targets: torch.Tensor | None) -> torch.Tensor:
     """The decoder's inputs made from the targets by the model's own shift (teacher forcing: position t reads
-    targets before t, from the decoder's start token), as transformers does when given ``labels``."""
+    targets before t, from the decoder's start token), as transformers does when given ``labels``; a config
+    without a start token (T5's, built by name) starts from id 0, T5's pad token, as T5 does."""
     if targets is None or targets.dim() != 2 or targets.is_floating_point():
         shape = "none" if targets is None else tuple(targets.shape)
         raise ModelConfigError(f"{type(model).__name__} is an encoder-decoder model: its decoder reads the target "
                                f"tokens (B, T), got {shape}; train it on a sequence-to-sequence task (copy, ...)")
-    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
-    if prepare is not None:
-        return prepare(labels=targets)
     config = model.config
     start = getattr(config, "decoder_start_token_id", None)
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if prepare is not None and start is not None:
+        return prepare(labels=targets)
     shifted = targets.new_full(targets.shape, 0 if start is None else start)
     shifted[:, 1:] = targets[:, :-1]
     return shifted.masked_fill(shifted < 0, getattr(config, "pad_token_id", None) or 0)

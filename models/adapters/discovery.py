@@ -145,6 +145,11 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     try:
         with torch.no_grad():
             call_model(model, inputs, targets)
+    except ModelConfigError:
+        raise
+    except Exception as err:  # the example of the wrong kind, a model that cannot run on it
+        raise ModelConfigError(f"residual_stack: the example does not run through {type(model).__name__} "
+                               f"({one_line(err)})") from None
     finally:
         for handle in handles:
             handle.remove()
