@@ -144,3 +144,6 @@ def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_pat
                        str(tmp_path), "--progress", "false"])
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err
+    said = {"highway": "note: highway: found ", "fa": "note: fa: the backward of ",
+            "dfa": "note: dfa: the backward of "}
+    assert said[trainer] in err  # what was found or covered, in one line

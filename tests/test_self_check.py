@@ -432,6 +432,9 @@ def test_a_layer_without_a_linear_call_runs_as_written_out_if_that_is_its_forwar
     engine = trainers.build_engine("fa", path="layers")
     engine.compute_grads(model, x, y, cross_entropy_loss)
     assert engine.layers.written == {"2"}
+    assert engine.structure(model) == ("fa: the backward of 2 layers of Sequential replaced by the feedback (1 "
+                                       "Linear, 1 ManualLinear); everything else exact; 1 run as x W^T + b written "
+                                       "out, their forward making no linear call (2)")
     engine.layers.mirror = True
     assert relative(engine_grads(model, engine, x, y), exact) < 1e-12
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), ScaledLinear(5, 3)).double()

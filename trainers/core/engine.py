@@ -101,6 +101,11 @@ class GradientEngine:
         given in ``model`` does not give autograd's gradients on this batch (``trainers.core.self_check``);
         nothing to check by default."""
 
+    def structure(self, model: nn.Module) -> str | None:
+        """One line saying what this engine found or covers in ``model`` after ``prepare`` (the Trainer says it
+        once per process), or None where there is nothing to say."""
+        return None
+
     def prepare(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn) -> None:
         """The first time this engine sees ``model``: choose the process's CPU threads as the command line does
         (``trainers.core.threads.threads_for_api``), ``check`` (a model it cannot train is one line, not a failure

@@ -154,6 +154,10 @@ class _RandomFeedback(GradientEngine):
         if self.options.self_check and not self._stack_path(model):
             check_layer_path(model, inputs, targets, loss_fn, self.name, self.layers)
 
+    def structure(self, model: nn.Module) -> str | None:
+        """The layer path's coverage (``LocalFeedback.coverage``); nothing on the stack path."""
+        return None if self._stack_path(model) else f"{self.name}: {self.layers.coverage(model)}"
+
     def feedback_shapes(self, layers: list[nn.Module], hidden: list[torch.Size],
                         outputs: int) -> list[tuple[tuple[int, ...], int]]:
         """(shape, fan-in) of each random tensor, from the layers, the hidden output shapes and d_L."""

@@ -205,6 +205,20 @@ class LocalFeedback:
         self.written: set[str] = set()  # ... run as the function written out (the self-check found it equal)
         self._e: torch.Tensor | None = None  # DFA: the error at the model's output, this step
 
+    def coverage(self, model: nn.Module) -> str:
+        """One line: how many layers' backward the feedback replaces, by class, and which run as their function
+        written out (``written``, set by the self-check)."""
+        counts: dict[str, int] = {}
+        for _, module in covered_layers(model):
+            counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+        line = (f"the backward of {sum(counts.values())} layers of {type(model).__name__} replaced by the feedback ("
+                + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + "); everything else exact")
+        if self.written:
+            names = sorted(self.written)
+            line += (f"; {len(names)} run as x W^T + b written out, their forward making no linear call "
+                     f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+        return line
+
     def _tensor(self, index: int, name: str, shape, fan_in: int, like: torch.Tensor) -> torch.Tensor:
         t = self.feedback.get(name)
         if t is None or tuple(t.shape) != tuple(shape):

@@ -49,12 +49,15 @@ from trainers.core.threads import threads_for_api
 from trainers.run import lifecycle
 from trainers.run.config import SHARED_SETTINGS, TrainConfig
 from trainers.run.model_check import check_task_model, to_device
+from trainers.run.notes import note
 from trainers.run.optim import build_optimizer, build_scheduler
 from trainers.run.progress import Progress
 from trainers.run.rundir import RunDirectory, run_path
 from trainers.run.step import StepResult, TrainStep, agreement_scalars
 
 __all__ = ["Trainer", "check_task_model", "eval_subset"]
+
+_SAID: set[str] = set()  # what engines said of a model's structure, once per process
 
 EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
 
@@ -123,6 +126,10 @@ class Trainer:
         first = slice(0, min(cfg.batch_size, len(task.train)))  # the engine's self-check, before anything is written
         engine.prepare(self.model, to_device(task.train.inputs[first], self.device, self.dtype),
                        task.train.targets[first].to(self.device), task.loss_fn)
+        said = engine.structure(self.model)
+        if said is not None and said not in _SAID and self.parallel.is_main:  # once per process (compare's seeds)
+            _SAID.add(said)
+            note(said)
         self.engine, self.task, self.clock = engine, task, clock
         self.evaluate_test = evaluate_test
         self.timing = timing
