@@ -195,3 +195,24 @@ def test_an_example_the_model_cannot_run_is_refused_in_one_line_by_discovery():
     with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the example does not run through Fails "
                                                       r"\(AttributeError: 'Config' object has no attribute"):
         models.residual_stack(Fails(), example=torch.randn(2, 3))
+
+
+class Stages(nn.Module):
+    """ConvNeXt's layout: stages of residual blocks joined by a downsampling layer called on the state alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 6), nn.Linear(8, 4)
+        self.stage1 = nn.Sequential(Residual(6), Residual(6))
+        self.down = nn.Linear(6, 8)
+        self.stage2 = nn.Sequential(Residual(8), Residual(8), Residual(8))
+
+    def forward(self, x):
+        return self.head(self.stage2(self.down(self.stage1(self.embed(x)))))
+
+
+def test_stages_joined_by_a_downsampling_layer_are_found_block_by_block_the_join_an_exact_boundary():
+    model, x, y = classified(Stages, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "stage1.0.fc.weight")
+    assert stack.found == ("5 blocks (Residual in stage1, stage2) as 6 residual sublayers: 5 h + z, 1 exact boundaries "
+                           "(a shape change); 1 of the boundaries joins between the blocks (Linear)")

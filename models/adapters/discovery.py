@@ -6,7 +6,10 @@
 One run of the example with a hook on every module records the calls in order. The
 **blocks** are the longest chain of calls of one module class with parameters in which each
 call's first tensor argument is the previous call's first output tensor
-(``transformer.h``, ``model.layers``, ``bert.encoder.layer``, ``blocks``, ``layer1..4``).
+(``transformer.h``, ``model.layers``, ``bert.encoder.layer``, ``blocks``, ``layer1..4``), or the
+output of one **join** given the previous one's: a module called on the state alone between two
+stages of blocks that keep the state's shape (ConvNeXt's and Swin's downsampling); a join is an
+exact boundary, and a chain needs two blocks fed one by the other somewhere.
 The **stem** is the model's forward up to the first block: each batch runs it and stops at
 the first block, keeping the arguments the forward passes to it (attention masks, rotary
 cos/sin: rebuilt for every batch, never replayed from the example; a KV cache is dropped).
@@ -156,27 +159,50 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     return [c for c in calls if c.end >= 0]
 
 
-def _chain(calls: list[_Call]) -> list[_Call]:
-    """The longest chain of like calls, each fed the previous one's output (module docstring)."""
+def _chain(calls: list[_Call]) -> tuple[list[_Call], dict[int, _Call]]:
+    """The longest chain of like calls, each fed the previous one's output or the output of one **join** fed
+    the previous one's (a module called on the state alone between two stages: ConvNeXt's and Swin's
+    downsampling), and the joins, by the id of the call they feed (module docstring)."""
     best: list[_Call] = []
+    best_joins: dict[int, _Call] = {}
     by_class: dict[type, list[_Call]] = {}
+    by_input: dict[int, list[_Call]] = {}
     for call in calls:
         if call.x is not None and call.y is not None and any(True for _ in call.module.parameters()):
             by_class.setdefault(type(call.module), []).append(call)
+        if call.x is not None and len(call.args) == 1 and call.args[0] is call.x and not call.kwargs:
+            by_input.setdefault(id(call.x), []).append(call)
+
+    def join(prev: _Call, call: _Call) -> _Call | None:
+        """A join links residual blocks: modules made of modules (layers, a Conv2d or a Linear, are joined by
+        norms and activations everywhere) that keep the state's shape (a block's inner parts change it)."""
+        if not any(True for _ in call.module.children()) or any(c.x_value.shape != c.y_value.shape
+                                                                  for c in (prev, call)):
+            return None
+        return next((j for j in by_input.get(id(prev.y), []) if j.y is call.x and prev.end < j.start
+                     and j.end < call.start and type(j.module) is not type(call.module)), None)
+
     for group in by_class.values():
         longest: dict[int, list[_Call]] = {}  # index in group -> the longest chain ending there
+        joins: dict[int, dict[int, _Call]] = {}  # ... and its joins
         for i, call in enumerate(group):
-            longest[i] = [call]
+            longest[i], joins[i] = [call], {}
             for j in range(i):
                 prev = group[j]
-                if prev.end < call.start and prev.y is call.x and len(longest[j]) + 1 > len(longest[i]):
-                    longest[i] = longest[j] + [call]
-        for chain in longest.values():
+                if prev.end >= call.start or len(longest[j]) + 1 <= len(longest[i]):
+                    continue
+                if prev.y is call.x:
+                    longest[i], joins[i] = longest[j] + [call], joins[j]
+                elif (joined := join(prev, call)) is not None:
+                    longest[i], joins[i] = longest[j] + [call], {**joins[j], id(call): joined}
+        for i, chain in longest.items():
+            if len(chain) > 1 and len(joins[i]) == len(chain) - 1:  # no two blocks fed one by the other: not
+                continue  # repeated residual blocks (DenseNet's norms, joined by its convolutions)
             size = sum(p.numel() for c in chain for p in c.module.parameters())
             best_size = sum(p.numel() for c in best for p in c.module.parameters())
             if (len(chain), size) > (len(best), best_size):
-                best = chain
-    return best
+                best, best_joins = chain, joins[i]
+    return best, best_joins
 
 
 @contextlib.contextmanager
@@ -535,7 +561,7 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
     model.eval()  # no dropout in the run that is read
     try:
         calls = _trace(model, inputs, targets)
-        chain = _chain(calls)
+        chain, joins = _chain(calls)
         if len(chain) < 2:
             raise ModelConfigError(
                 f"residual_stack: found no repeated blocks in {type(model).__name__} (two or more calls of one "
@@ -549,6 +575,7 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         opener = _returns_what_the_others_read(chain)
         if opener:  # T5: the first block computes the position bias and returns it to the others
             chain, modules = chain[1:], modules[1:]
+        joins.pop(id(chain[0]), None)  # before the first block: the stem's
         first = chain[0]
         where: int | str = next((i for i, a in enumerate(first.args) if a is first.x), -1)
         if where == -1:
@@ -563,10 +590,16 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         contexts = [_Context(where, arg_names) for _ in (chain if per_block else chain[:1])]
         for context, call in zip(contexts, chain, strict=False):
             context.keep(call.args, call.kwargs)
-        sublayers = [sub for i, call in enumerate(chain)
-                     for sub in _sublayers(call, calls, contexts[i if per_block else 0], gamma)]
+        sublayers = []
+        for i, call in enumerate(chain):
+            if id(call) in joins:  # called on the state alone, an exact boundary
+                alone = _Context(0)
+                alone.keep((None,), {})
+                sublayers.append(FoundBlock(joins[id(call)].module, alone, boundary=True))
+            sublayers += _sublayers(call, calls, contexts[i if per_block else 0], gamma)
         ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
         before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
+        before += [j.module for j in joins.values()]  # the head runs them again: in eval mode, as the stem
     finally:
         model.train(was_training)
     counts: dict[str, int] = {}
@@ -590,6 +623,9 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
             from None
     finally:
         model.train(was_training)
+    if joins:
+        kinds = sorted({type(j.module).__name__ for j in joins.values()})
+        stack.found += f"; {len(joins)} of the boundaries joins between the blocks ({', '.join(kinds)})"
     if per_block:
         stack.found += "; each block given its own arguments (masks)"
     if opener:
