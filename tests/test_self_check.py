@@ -529,8 +529,9 @@ def test_a_failure_inside_the_check_is_one_line_and_a_refusal_passes_through():
         with failures_refused("trainer 'dfa'", "--dfa-self-check false"):
             raise RuntimeError("expected m1 and m2 to have the same dtype\n  (a second line)")
     assert str(info.value) == ("self-check: trainer 'dfa' fails on this model's first batch (RuntimeError: expected "
-                               "m1 and m2 to have the same dtype); train it with backprop, or skip the check with "
-                               "--dfa-self-check false to see where it fails")
+                               "m1 and m2 to have the same dtype): the structure does not run as the model does; "
+                               "train it with backprop, or skip the check with --dfa-self-check false to see where "
+                               "it fails")
     with pytest.raises(models.ModelConfigError, match="^as it was$"):
         with failures_refused("Highway-BP", "--highway-self-check false"):
             raise models.ModelConfigError("as it was")

@@ -75,8 +75,9 @@ def failures_refused(engine: str, opt_out: str) -> Iterator[None]:
     except ModelConfigError:
         raise
     except Exception as err:
-        raise ModelConfigError(f"self-check: {engine} fails on this model's first batch ({one_line(err)}); train "
-                               f"it with backprop, or skip the check with {opt_out} to see where it fails") from None
+        raise ModelConfigError(f"self-check: {engine} fails on this model's first batch ({one_line(err)}): the "
+                               f"structure does not run as the model does; train it with backprop, or skip the check "
+                               f"with {opt_out} to see where it fails") from None
 
 
 def differences(names: Sequence[str], got: Sequence[torch.Tensor | None], expected: Sequence[torch.Tensor | None],

@@ -362,7 +362,9 @@ class Highway(GradientEngine):
             return
         named = trainable_parameters(model)
         params = [p for _, p in named]
-        with quiet(model), failures_refused("Highway-BP", "--highway-self-check false"):
+        found = f"the residual stack found ({model.found.partition(' as ')[0]})" if isinstance(model, ResidualFound) \
+            else "the declared residual stack"
+        with quiet(model), failures_refused(f"Highway-BP on {found}", "--highway-self-check false"):
             outputs = call_model(model.model, inputs, targets).outputs
             # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
             expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
@@ -371,8 +373,6 @@ class Highway(GradientEngine):
         names = [n.removeprefix("model.") for n, _ in named]
         blocks = {id(p) for block in model.blocks for p in block.parameters()}
         outside = {name for name, p in zip(names, params, strict=True) if id(p) not in blocks}
-        found = f"the residual stack found ({model.found.partition(' as ')[0]})" if isinstance(model, ResidualFound) \
-            else "the declared residual stack"
         refuse_differences(f"Highway-BP at k >= L on {found}",
                            names, [by_param.get(id(p)) for p in params], expected, params[0].dtype,
                            lambda wrong: _likely_cause(model, any(n in outside for n in wrong)),
