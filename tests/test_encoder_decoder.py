@@ -147,3 +147,21 @@ def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_pat
     said = {"highway": "note: highway: found ", "fa": "note: fa: the backward of ",
             "dfa": "note: dfa: the backward of "}
     assert said[trainer] in err  # what was found or covered, in one line
+
+
+@pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
+def test_transformers_swin_trains_with_fa_and_dfa_and_highway_refuses_it_in_one_line(trainer, tmp_path, capsys):
+    from trainers.cli import train_main
+
+    sizes = ["embed_dim=8", "depths=(1,1)", "num_heads=(2,2)", "patch_size=2", "window_size=2"]
+    code = train_main(["--model", "transformers:SwinForImageClassification",
+                       *[f for size in sizes for f in ("--model-option", size)], "--task", "digits", "--task-option",
+                       "flatten=False", "--trainer", trainer, "--steps", "1", "--eval-batches", "1", "--logdir",
+                       str(tmp_path), "--progress", "false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in err)
+    if trainer == "highway":  # its stages read what the blocks before them returned: refused, nothing written
+        assert code == 2 and err[-1].startswith("error: trainer 'highway' needs a residual stack") and \
+            not any(tmp_path.iterdir())
+    else:
+        assert code == 0 and any(line.startswith(f"note: {trainer}: the backward of 15 layers") for line in err)

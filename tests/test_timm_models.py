@@ -140,3 +140,17 @@ def test_fa_with_b_equal_w_is_backprop_where_the_layers_transform_their_weight_o
     assert relative(engine_grads(model, engine, x, y), exact) < 1e-10
     dfa = engine_grads(model, trainers.build_engine("dfa", path="layers"), x, y)
     assert all(torch.isfinite(g).all() for g in dfa.values())
+
+
+@pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
+@pytest.mark.parametrize("name", ["resnetv2_50x1_bit", "tf_mobilenetv3_small_minimal_100"])
+def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_path, capsys):
+    """StdConv2d and Conv2dSame by name from train.py: each engine trains a step and says what it found or covers."""
+    from trainers.cli import train_main
+
+    code = train_main(["--model", "timm:create_model", "--model-option", f"model_name={name}", "--model-option",
+                       "num_classes=10", "--model-option", "in_chans=1", "--task", "digits", "--task-option",
+                       "flatten=False", "--trainer", trainer, "--steps", "1", "--eval-batches", "1", "--batch-size",
+                       "8", "--logdir", str(tmp_path), "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err and f"note: {trainer}: " in err
