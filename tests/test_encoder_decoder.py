@@ -70,6 +70,9 @@ def test_highway_at_full_k_is_autograd_with_the_encoder_as_a_side_input(name):
     exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
     stack = models.residual_stack(model, example=(x, y))
     assert stack.found.endswith("1 side input (encoder_hidden_states) read by every block")
+    assert f"EncoderLayer in model.encoder.layers) as 2 residual sublayers: 2 LayerNorm(h + z), whose output feeds " \
+           f"2 blocks ({type(model).__name__.removesuffix('ForConditionalGeneration').removesuffix('MTModel')}" \
+           f"DecoderLayer" in stack.found
     got = engine_grads(stack, trainers.build_engine("highway", k=100), x, y, sequence_cross_entropy,
                        strip="model.")
     assert relative(got, exact) < 1e-10
@@ -111,8 +114,9 @@ def test_t5_with_three_layers_is_exact_at_full_k_its_first_block_with_the_stem()
     x, y = torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
     exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
     stack = models.residual_stack(model, example=(x, y))
-    assert stack.found.startswith("2 blocks (T5Block in decoder.block)") and "decoder.block.0, which computes" in \
-        stack.found and "encoder_hidden_states" in stack.found
+    assert stack.found.startswith("2 blocks (T5Block in encoder.block)")
+    assert ", whose output feeds 2 blocks (T5Block in decoder.block)" in stack.found
+    assert "decoder.block.0, which computes" in stack.found
     got = engine_grads(stack, trainers.build_engine("highway", k=100), x, y, sequence_cross_entropy,
                        strip="model.")
     assert relative(got, exact) < 1e-6  # T5's RMSNorm computes its variance in float32: ~1e-8 (the check's floor)
@@ -165,3 +169,27 @@ def test_transformers_swin_trains_with_fa_and_dfa_and_highway_refuses_it_in_one_
             not any(tmp_path.iterdir())
     else:
         assert code == 0 and any(line.startswith(f"note: {trainer}: the backward of 15 layers") for line in err)
+
+
+def test_both_chains_run_highway_bp_the_encoder_approximated_where_its_depth_exceeds_k():
+    """Encoder of 3 layers, decoder of 1: at k = 1 the decoder is exact (k >= its depth), so the error reaching the
+    encoder's output is exact, and the encoder's first layer is still approximate: Highway-BP runs on the encoder
+    too (with the encoder backpropagated exactly, as a side input's producer alone, it would be exact). k = 3: all
+    exact."""
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=V, d_model=8, encoder_layers=3, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=16, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0)).double().eval()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
+    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
+    stack = models.residual_stack(model, example=(x, y))
+    assert stack.found.startswith("3 blocks (BartEncoderLayer in model.encoder.layers)")
+    k1 = engine_grads(stack, trainers.build_engine("highway", k=1), x, y, sequence_cross_entropy, strip="model.")
+    decoder = [n for n in exact if n.startswith("model.decoder.layers.")]
+    assert relative({n: k1[n] for n in decoder}, {n: exact[n] for n in decoder}) < 1e-10
+    first = "model.encoder.layers.0.fc1.weight"
+    assert relative(k1[first], exact[first]) > 1e-4
+    k3 = engine_grads(stack, trainers.build_engine("highway", k=3), x, y, sequence_cross_entropy, strip="model.")
+    assert relative(k3, exact) < 1e-10

@@ -357,6 +357,7 @@ class ResidualFound(nn.Module):
     blocks: nn.ModuleList
     stem_reads_targets = True  # the stem runs the model's forward, which may read the targets (nanoGPT)
     vmappable = False  # blocks read the batch's arguments: Highway-BP's reference path
+    feeder: "ResidualFound | None" = None  # a chain whose output a side input is made of (an encoder; discover)
 
     def __init__(self, model: nn.Module, chain: list[nn.Module], sublayers: list[FoundBlock], contexts: list,
                  outputs: list, before: list[nn.Module], found: str):
@@ -368,19 +369,23 @@ class ResidualFound(nn.Module):
         self.__dict__["outputs"], self.__dict__["before"] = outputs, before
         self.found = found
 
-    def stem(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def stem(self, x: torch.Tensor, targets: torch.Tensor | None = None,
+             feeder_top: torch.Tensor | None = None) -> torch.Tensor:
         """The forward up to the first block; keeps what it passes the blocks (the batch's masks, rotary
         tables) and the batch (module docstring). Where the blocks are given different arguments (per-block
-        masks), the whole forward runs with every block passing its input through, each block's arguments kept."""
+        masks), the whole forward runs with every block passing its input through, each block's arguments kept.
+        ``feeder_top``: the state the feeder's last block gives (its blocks computed by the engine), returned by
+        that block in place of its own computation, the feeder's other blocks passing their input through."""
+        self.__dict__["feeder_top"] = feeder_top
         if len(self.contexts) > 1:
-            return self._stem_per_block(x, targets)
+            return self._stem_per_block(x, targets, feeder_top)
         seen: dict = {}
 
         def intercept(*args, **kwargs):
             seen["args"], seen["kwargs"] = args, kwargs
             raise _Stop
 
-        with replaced_forwards({self.chain[0]: intercept}):
+        with replaced_forwards({self.chain[0]: intercept, **self._fed(feeder_top)}), self._feeder_stem_quiet():
             try:
                 call_model(self.model, x, targets)
             except _Stop:
@@ -391,7 +396,31 @@ class ResidualFound(nn.Module):
         self.context.inputs, self.context.targets = x, targets
         return self.context.keep(seen["args"], seen["kwargs"])
 
-    def _stem_per_block(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    def _fed(self, feeder_top: torch.Tensor | None) -> dict:
+        """The feeder's blocks replaced: passing their input through, the last returning ``feeder_top``."""
+        feeder = self.feeder
+        if feeder is None or feeder_top is None:
+            return {}
+        replace = {m: _passing(out) for m, out in zip(feeder.chain[:-1], feeder.outputs[:-1], strict=True)}
+        replace[feeder.chain[-1]] = lambda *args, **kwargs: _like(feeder.outputs[-1], feeder_top)
+        return replace
+
+    @contextlib.contextmanager
+    def _feeder_stem_quiet(self) -> Iterator[None]:
+        """The feeder's stem, run again before its replaced blocks, in eval mode (its output is not read: no
+        second dropout draw, no second update of BatchNorm statistics)."""
+        modules = {m: m.training for top in (self.feeder.before if self.feeder is not None else [])
+                   for m in top.modules()}
+        for module in modules:
+            module.training = False
+        try:
+            yield
+        finally:
+            for module, mode in modules.items():
+                module.training = mode
+
+    def _stem_per_block(self, x: torch.Tensor, targets: torch.Tensor | None,
+                        feeder_top: torch.Tensor | None = None) -> torch.Tensor:
         seen: dict[int, tuple] = {}
 
         def record(i: int) -> Callable:
@@ -400,7 +429,8 @@ class ResidualFound(nn.Module):
                 return _like(self.outputs[i], _state(args, kwargs))
             return keep
 
-        with replaced_forwards({m: record(i) for i, m in enumerate(self.chain)}):
+        with replaced_forwards({**{m: record(i) for i, m in enumerate(self.chain)}, **self._fed(feeder_top)}), \
+                self._feeder_stem_quiet():
             call_model(self.model, x, targets)
         if len(seen) < len(self.chain):
             raise ModelConfigError(f"residual_stack: {len(self.chain) - len(seen)} of the {len(self.chain)} blocks "
@@ -417,6 +447,9 @@ class ResidualFound(nn.Module):
 
         replace = {m: _passing(out) for m, out in zip(self.chain[:-1], self.outputs[:-1], strict=True)}
         replace[self.chain[-1]] = lambda *args, **kwargs: _like(self.outputs[-1], h)
+        top = self.__dict__.get("feeder_top")
+        if top is not None:  # the feeder's blocks are not run again: its output is not read here either
+            replace.update(self._fed(top.detach()))
         stem = {m: m.training for top in self.before for m in top.modules()}
         for module in stem:  # its output is not read: no second update of BatchNorm statistics, no dropout draw
             module.training = False
@@ -553,6 +586,115 @@ def _agrees(sublayers: list[FoundBlock], h: torch.Tensor, expected: torch.Tensor
     return h.shape == expected.shape and bool(((h.double() - expected).abs().max() / scale) < 1e-5)
 
 
+def _build(model: nn.Module, calls: list[_Call], chain: list[_Call], joins: dict[int, _Call], gamma: float,
+           names: dict[int, str]) -> tuple[ResidualFound, dict]:
+    """The residual stack of ``chain`` (its joins, its opener, its contexts, its sublayers; module docstring), and
+    what its description adds: ``joins``, ``per_block``, ``opener``."""
+    modules = [c.module for c in chain]
+    if len({id(m) for m in modules}) < len(modules):
+        raise ModelConfigError(f"residual_stack: {names[id(modules[0])] or type(modules[0]).__name__} is "
+                               f"called more than once in a row (shared weights); declare the stack by hand")
+    opener = _returns_what_the_others_read(chain)
+    if opener:  # T5: the first block computes the position bias and returns it to the others
+        chain, modules = chain[1:], modules[1:]
+    joins = {k: v for k, v in joins.items() if k != id(chain[0])}  # before the first block: the stem's
+    first = chain[0]
+    where: int | str = next((i for i, a in enumerate(first.args) if a is first.x), -1)
+    if where == -1:
+        where = next(k for k, v in first.kwargs.items() if v is first.x)
+    per_block = not all(_same_arguments(call, first, where) for call in chain[1:])
+    if per_block:
+        _check_per_block(chain, where, names)
+    try:
+        arg_names = tuple(inspect.signature(first.module.forward).parameters)
+    except (TypeError, ValueError):  # a forward without a signature Python can read
+        arg_names = ()
+    contexts = [_Context(where, arg_names) for _ in (chain if per_block else chain[:1])]
+    for context, call in zip(contexts, chain, strict=False):
+        context.keep(call.args, call.kwargs)
+    sublayers = []
+    for i, call in enumerate(chain):
+        if id(call) in joins:  # called on the state alone, an exact boundary
+            alone = _Context(0)
+            alone.keep((None,), {})
+            sublayers.append(FoundBlock(joins[id(call)].module, alone, boundary=True))
+        sublayers += _sublayers(call, calls, contexts[i if per_block else 0], gamma)
+    ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
+    before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
+    before += [j.module for j in joins.values()]  # the head runs them again: in eval mode, as the stem
+    counts: dict[str, int] = {}
+    for sub in sublayers:
+        counts[sub.describe()] = counts.get(sub.describe(), 0) + 1
+    where_found = sorted({names[id(m)].rpartition(".")[0] for m in modules})
+    found = (f"{len(chain)} blocks ({type(modules[0]).__name__} in {', '.join(w or 'the model' for w in where_found)})"
+             f" as {len(sublayers)} residual sublayers: "
+             + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
+                         for k, n in counts.items()))
+    stack = ResidualFound(model, modules, sublayers, contexts, [c.output for c in chain], before, found)
+    return stack, {"joins": joins, "per_block": per_block, "opener": opener, "start": first.start}
+
+
+def _described(stack: ResidualFound, said: dict, sides: list[str], names: dict[int, str]) -> str:
+    """The description's additions (joins, per-block arguments, the opener, side inputs, all boundaries)."""
+    text = ""
+    if said["joins"]:
+        kinds = sorted({type(j.module).__name__ for j in said["joins"].values()})
+        text += f"; {len(said['joins'])} of the boundaries joins between the blocks ({', '.join(kinds)})"
+    if said["per_block"]:
+        text += "; each block given its own arguments (masks)"
+    if said["opener"]:
+        text += (f"; {names.get(id(said['opener'].module))}, which computes what the others are given besides the "
+                 f"state (a position bias), backpropagated exactly with the stem")
+    if sides:
+        text += f"; {len(sides)} side input{'s' if len(sides) > 1 else ''} ({', '.join(sides)}) read by every block"
+    if all(sub.boundary for sub in stack.blocks):
+        text += "; every block changes the state's shape, so each is an exact boundary: Highway-BP is backprop here"
+    return text
+
+
+def _sides_found(stack: ResidualFound, inputs, targets, feeder_top: torch.Tensor | None = None) -> list:
+    """Run the stem once with gradients (eval mode) and return its side inputs (``side_inputs``), or one line
+    where the forward cannot run as the structure needs."""
+    try:
+        with torch.enable_grad():  # which arguments besides the state depend on trainable parameters
+            stack.stem(inputs, targets, feeder_top)
+        return stack.side_inputs()
+    except ModelConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a forward that needs its blocks' real outputs to go on
+        raise ModelConfigError(f"residual_stack: the blocks found ({type(stack.chain[0]).__name__}) are given "
+                               f"different arguments besides the state, and the forward cannot run with its blocks "
+                               f"passing their input through to give them ({one_line(err)}); declare the stack by "
+                               f"hand") from None
+
+
+def _feeder(model: nn.Module, calls: list[_Call], stack: ResidualFound, start: int, gamma: float, names: dict,
+            inputs, targets) -> tuple[ResidualFound, dict] | None:
+    """A second chain of blocks that ran before the stack's first block and whose output one of its side inputs
+    is made of (an encoder, whose output every decoder block reads): its own residual stack, or None."""
+    earlier = [c for c in calls if c.end < start]  # what ran, and ended, before the stack's first block
+    chain, joins = _chain(earlier)
+    if len(chain) < 2 or {id(c.module) for c in chain} & {id(m) for m in stack.chain}:
+        return None
+    try:
+        feeder, said = _build(model, calls, chain, joins, gamma, names)
+    except ModelConfigError:
+        return None
+    stack.__dict__["feeder"] = feeder  # tried: does a side input depend on the feeder's top state?
+    try:
+        with torch.enable_grad():
+            top = feeder.stem(inputs, targets).detach().requires_grad_()
+            sides = _sides_found(stack, inputs, targets, feeder_top=top)
+            reached = any(original.requires_grad and torch.autograd.grad(original, top, torch.ones_like(original),
+                                                                         allow_unused=True)[0] is not None
+                          for _, original, _ in sides)
+    except Exception:  # noqa: BLE001 - a chain the forward cannot run around is no feeder
+        reached = False
+    finally:
+        del stack.__dict__["feeder"]
+    return (feeder, said) if reached else None
+
+
 def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None,
              gamma: float = 0.0) -> ResidualFound:
     """Find the stem, blocks and head of ``model`` from one run of ``inputs`` (module docstring); ``gamma``:
@@ -568,73 +710,16 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
                 f"module class with parameters, each given the previous one's output); declare them: "
                 f"models.residual_stack(model, stem=..., blocks=[...], head=..., example=...)")
         names = _names(model)
-        modules = [c.module for c in chain]
-        if len({id(m) for m in modules}) < len(modules):
-            raise ModelConfigError(f"residual_stack: {names[id(modules[0])] or type(modules[0]).__name__} is "
-                                   f"called more than once in a row (shared weights); declare the stack by hand")
-        opener = _returns_what_the_others_read(chain)
-        if opener:  # T5: the first block computes the position bias and returns it to the others
-            chain, modules = chain[1:], modules[1:]
-        joins.pop(id(chain[0]), None)  # before the first block: the stem's
-        first = chain[0]
-        where: int | str = next((i for i, a in enumerate(first.args) if a is first.x), -1)
-        if where == -1:
-            where = next(k for k, v in first.kwargs.items() if v is first.x)
-        per_block = not all(_same_arguments(call, first, where) for call in chain[1:])
-        if per_block:
-            _check_per_block(chain, where, names)
-        try:
-            arg_names = tuple(inspect.signature(first.module.forward).parameters)
-        except (TypeError, ValueError):  # a forward without a signature Python can read
-            arg_names = ()
-        contexts = [_Context(where, arg_names) for _ in (chain if per_block else chain[:1])]
-        for context, call in zip(contexts, chain, strict=False):
-            context.keep(call.args, call.kwargs)
-        sublayers = []
-        for i, call in enumerate(chain):
-            if id(call) in joins:  # called on the state alone, an exact boundary
-                alone = _Context(0)
-                alone.keep((None,), {})
-                sublayers.append(FoundBlock(joins[id(call)].module, alone, boundary=True))
-            sublayers += _sublayers(call, calls, contexts[i if per_block else 0], gamma)
-        ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
-        before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
-        before += [j.module for j in joins.values()]  # the head runs them again: in eval mode, as the stem
+        stack, said = _build(model, calls, chain, joins, gamma, names)
+        sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})
+        fed = _feeder(model, calls, stack, said["start"], gamma, names, inputs, targets)
+        if fed is not None:
+            feeder, feeder_said = fed
+            feeder_sides = sorted({name for name, _, _ in _sides_found(feeder, inputs, targets)})
+            stack.__dict__["feeder"] = feeder
+            stack.found = (f"{feeder.found}{_described(feeder, feeder_said, feeder_sides, names)}, whose output "
+                           f"feeds {stack.found}")
     finally:
         model.train(was_training)
-    counts: dict[str, int] = {}
-    for sub in sublayers:
-        counts[sub.describe()] = counts.get(sub.describe(), 0) + 1
-    where_found = sorted({names[id(m)].rpartition(".")[0] for m in modules})
-    found = (f"{len(chain)} blocks ({type(modules[0]).__name__} in {', '.join(w or 'the model' for w in where_found)})"
-             f" as {len(sublayers)} residual sublayers: "
-             + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
-                         for k, n in counts.items()))
-    stack = ResidualFound(model, modules, sublayers, contexts, [c.output for c in chain], before, found)
-    model.eval()
-    try:
-        with torch.enable_grad():  # which arguments besides the state depend on trainable parameters
-            stack.stem(inputs, targets)
-        sides = sorted({name for name, _, _ in stack.side_inputs()})
-    except Exception as err:  # noqa: BLE001 - a forward that needs its blocks' real outputs to go on
-        raise ModelConfigError(f"residual_stack: the blocks found ({type(modules[0]).__name__}) are given different "
-                               f"arguments besides the state, and the forward cannot run with its blocks passing "
-                               f"their input through to give them ({one_line(err)}); declare the stack by hand") \
-            from None
-    finally:
-        model.train(was_training)
-    if joins:
-        kinds = sorted({type(j.module).__name__ for j in joins.values()})
-        stack.found += f"; {len(joins)} of the boundaries joins between the blocks ({', '.join(kinds)})"
-    if per_block:
-        stack.found += "; each block given its own arguments (masks)"
-    if opener:
-        stack.found += (f"; {names.get(id(opener.module))}, which computes what the others are given besides the "
-                        f"state (a position bias), backpropagated exactly with the stem")
-    if sides:
-        stack.found += f"; {len(sides)} side input{'s' if len(sides) > 1 else ''} ({', '.join(sides)}) read by " \
-                       f"every block"
-    if all(sub.boundary for sub in sublayers):
-        stack.found += "; every block changes the state's shape, so each is an exact boundary: Highway-BP is " \
-                       "backprop here"
+    stack.found += _described(stack, said, sides, names)
     return stack

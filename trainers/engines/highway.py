@@ -404,28 +404,56 @@ class Highway(GradientEngine):
 
     def _depth_step(self, model, params, inputs, targets, loss_fn, exact: bool = False):
         """(outputs, loss, id(parameter) -> gradient) of one step on a residual stack; ``exact``: every
-        segment's cotangents by ``exact_cotangents`` (the first-batch self-check) instead of k iterations."""
-        h = model.stem(inputs, targets) if getattr(model, "stem_reads_targets", False) else model.stem(inputs)
-        h0 = h
+        segment's cotangents by ``exact_cotangents`` (the first-batch self-check) instead of k iterations. A found
+        stack with a feeder (an encoder whose output its blocks read) runs Highway-BP on the feeder's blocks too:
+        the feeder's top state is a leaf of the stack's stem, whose cotangent is the feeder's top error."""
+        reads = getattr(model, "stem_reads_targets", False)
+        feeder = getattr(model, "feeder", None)
+        if feeder is not None:
+            f_h0 = feeder.stem(inputs, targets)
+            f_sides = feeder.side_inputs()
+            f_segments, f_top = self._forward_segments(feeder.blocks, f_h0, False, [leaf for *_, leaf in f_sides])
+            f_leaf = f_top.detach().requires_grad_()
+            h0 = model.stem(inputs, targets, feeder_top=f_leaf)
+        else:
+            h0 = model.stem(inputs, targets) if reads else model.stem(inputs)
         sides = model.side_inputs() if hasattr(model, "side_inputs") else []  # (name, original, leaf)
         leaves = [leaf for _, _, leaf in sides]
         batched = not sides and (self.options.path == "batched" or (
             self.options.path == "auto" and h0.device.type != "cpu" and not _dropout_active(model)
             and getattr(model, "vmappable", True)))
-        segments = []  # each a highway stack over a run of like blocks, or one boundary block (exact VJP)
-        for run, boundary in _segments(list(model.blocks)):
-            if boundary:
-                x = h.detach().requires_grad_()
-                segments.append((run[0], x, run[0](x)))
-            else:
-                segments.append(_BatchedDepth(run, h, self._bases) if batched else _ReferenceDepth(run, h, leaves))
-            h = segments[-1][2] if boundary else segments[-1].top
+        segments, h = self._forward_segments(model.blocks, h0, batched, leaves)
         top = h.detach().requires_grad_()
         outputs = model.head(top)
         loss = loss_fn(outputs, targets)
         *head_grads, e = torch.autograd.grad(loss, params + [top], allow_unused=True)
         grads: dict[int, torch.Tensor] = {}  # id(parameter) -> its gradient, summed over head, stem, blocks
         _accumulate(grads, zip(map(id, params), head_grads, strict=True))
+        e = self._backward_segments(segments, e, grads, leaves, exact)
+        f_e = self._stem_backward(h0, e, sides, params, grads, [f_leaf] if feeder is not None else [])
+        if feeder is not None:  # the feeder's top error, through its blocks, to its own stem and side inputs
+            f_e = self._backward_segments(f_segments, f_e[0] if f_e[0] is not None else torch.zeros_like(f_leaf),
+                                          grads, [leaf for *_, leaf in f_sides], exact)
+            self._stem_backward(f_h0, f_e, f_sides, params, grads)
+        return outputs, loss, grads
+
+    def _forward_segments(self, blocks, h, batched: bool, leaves: list) -> tuple[list, torch.Tensor]:
+        """The blocks' forward as Highway-BP needs it: per run of like blocks a depth object (batched or
+        reference), per boundary block (a shape change) its exact graph; returns them and the top state."""
+        segments = []
+        for run, boundary in _segments(list(blocks)):
+            if boundary:
+                x = h.detach().requires_grad_()
+                segments.append((run[0], x, run[0](x)))
+            else:
+                segments.append(_BatchedDepth(run, h, self._bases) if batched else _ReferenceDepth(run, h, leaves))
+            h = segments[-1][2] if boundary else segments[-1].top
+        return segments, h
+
+    def _backward_segments(self, segments: list, e: torch.Tensor, grads: dict, leaves: list,
+                           exact: bool) -> torch.Tensor:
+        """From the top error down through every segment (Highway-BP in runs, exact through boundaries); the
+        parameters' and side inputs' gradients added to ``grads``; returns the error at the bottom state."""
         for segment in reversed(segments):
             if isinstance(segment, tuple):  # a boundary block (a shape change): exact backprop through it
                 block, x, y = segment
@@ -434,13 +462,20 @@ class Highway(GradientEngine):
                 _accumulate(grads, zip(map(id, own), own_grads, strict=True))
             else:
                 e = self._segment_backward(segment, e, grads, exact)
-        # the stem's state and each side input, with the cotangents summed over the blocks that read it
+        return e
+
+    @staticmethod
+    def _stem_backward(h0, e, sides, params, grads: dict, also: list = ()) -> list:
+        """The stem's state and each side input, with the cotangents summed over the blocks that read it, back to
+        the parameters (added to ``grads``); returns the gradients of ``also`` (a feeder's top leaf)."""
         roots = [(h0, e)] + [(original, grads.pop(id(leaf))) for _, original, leaf in sides if id(leaf) in grads]
         roots = [(r, c) for r, c in roots if r.requires_grad]  # a first block fed the raw input: no stem to train
-        if roots:
-            _accumulate(grads, zip(map(id, params), torch.autograd.grad(
-                [r for r, _ in roots], params, [c for _, c in roots], allow_unused=True), strict=True))
-        return outputs, loss, grads
+        if not roots:
+            return [None for _ in also]
+        *found, = torch.autograd.grad([r for r, _ in roots], [*params, *also], [c for _, c in roots],
+                                      allow_unused=True)
+        _accumulate(grads, zip(map(id, params), found[:len(params)], strict=True))
+        return found[len(params):]
 
     def _segment_backward(self, stack, e_top: torch.Tensor, grads: dict, exact: bool = False) -> torch.Tensor:
         """Highway-BP over one run of blocks whose states share a shape: w^k at positions s_0 .. s_n from
