@@ -1,4 +1,6 @@
-"""``ptb-char`` and ``ptb-word``: language modelling on Penn Treebank text files.
+"""``ptb-char`` and ``ptb-word``: language modelling on Penn Treebank text files; ``ptb-reverse``: the same
+word windows to be written in reverse order (a sequence-to-sequence task on real text for encoder-decoder
+models: one vocabulary for inputs and targets, metric accuracy).
 
 Files: ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt`` (Mikolov's format: one
 sentence per line, words separated by spaces, rare words already ``<unk>``) directly in
@@ -41,6 +43,7 @@ silently: a missing train file raises ``DataError`` saying so.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -215,3 +218,21 @@ def build_ptb_word(
     """Word-level PTB, a continuous stream or (``sentences=True``) the DSF authors'
     sentence-level samples (module docstring); ``seed`` and ``download`` are unused."""
     return load_ptb("ptb-word", "word", data_dir, seq_len, train_file, max_tokens, sentences)
+
+
+@register_task("ptb-reverse")
+def build_ptb_reverse(
+    data_dir=None,
+    download: bool = False,
+    seed: int = 0,
+    seq_len: int = 10,
+    train_file: str = FILES["train"],
+    max_tokens: int | None = None,
+) -> Task:
+    """``ptb-word``'s windows of ``seq_len`` words as inputs, the same words in reverse order as targets (module
+    docstring): what an encoder-decoder model (BART, T5, Marian) learns to translate; ``seed`` and ``download`` are
+    unused."""
+    words = load_ptb("ptb-reverse", "word", data_dir, seq_len, train_file, max_tokens)
+    splits = {name: Split(getattr(words, name).inputs, getattr(words, name).inputs.flip(1).contiguous())
+              for name in ("train", "val", "test")}
+    return dataclasses.replace(words, **splits, metric_name="accuracy")

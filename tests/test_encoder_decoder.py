@@ -193,3 +193,22 @@ def test_both_chains_run_highway_bp_the_encoder_approximated_where_its_depth_exc
     assert relative(k1[first], exact[first]) > 1e-4
     k3 = engine_grads(stack, trainers.build_engine("highway", k=3), x, y, sequence_cross_entropy, strip="model.")
     assert relative(k3, exact) < 1e-10
+
+
+def test_ptb_reverse_is_real_text_to_be_written_backwards_and_bart_trains_on_it(tmp_path, capsys):
+    from helpers import write_tiny_ptb
+
+    from trainers.cli import train_main
+
+    data = write_tiny_ptb(tmp_path)
+    task = tasks.build("ptb-reverse", data_dir=data, seq_len=5)
+    assert torch.equal(task.train.targets, task.train.inputs.flip(1)) and task.metric_name == "accuracy"
+    assert task.num_outputs == len(task.vocab) and int(task.train.inputs.max()) < len(task.vocab)
+    sizes = ["d_model=8", "encoder_layers=2", "decoder_layers=2", "encoder_attention_heads=2",
+             "decoder_attention_heads=2", "encoder_ffn_dim=16", "decoder_ffn_dim=16"]
+    code = train_main(["--model", "transformers:BartForConditionalGeneration",
+                       *[flag for size in sizes for flag in ("--model-option", size)], "--task", "ptb-reverse",
+                       "--data-dir", str(data), "--task-option", "seq_len=5", "--trainer", "highway", "--steps", "2",
+                       "--logdir", str(tmp_path / "runs"), "--progress", "false"])
+    err = capsys.readouterr().err
+    assert code == 0 and "whose output feeds 2 blocks (BartDecoderLayer" in err
