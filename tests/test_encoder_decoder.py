@@ -40,6 +40,16 @@ def marian():
 BUILD = {"t5": t5, "bart": bart, "marian": marian}
 
 
+@pytest.fixture
+def fresh_notes():
+    """What a structure's note says is said once per process: forget what other tests' runs said."""
+    from trainers.cli import args
+    from trainers.run import trainer
+
+    args._SAID.clear()
+    trainer._SAID.clear()
+
+
 def case(name):
     torch.manual_seed(0)
     model = BUILD[name]().double().eval()
@@ -138,7 +148,7 @@ CLI = {  # the issue's architectures that ended in a traceback, by name from the
 
 @pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
 @pytest.mark.parametrize("name", sorted(CLI))
-def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_path, capsys):
+def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_path, capsys, fresh_notes):
     from trainers.cli import train_main
 
     task, sizes = CLI[name]
@@ -154,7 +164,8 @@ def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_pat
 
 
 @pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
-def test_transformers_swin_trains_with_fa_and_dfa_and_highway_refuses_it_in_one_line(trainer, tmp_path, capsys):
+def test_transformers_swin_trains_with_fa_and_dfa_and_highway_refuses_it_in_one_line(trainer, tmp_path, capsys,
+                                                                                      fresh_notes):
     from trainers.cli import train_main
 
     sizes = ["embed_dim=8", "depths=(1,1)", "num_heads=(2,2)", "patch_size=2", "window_size=2"]
