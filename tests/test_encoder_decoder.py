@@ -50,6 +50,15 @@ def fresh_notes():
     trainer._SAID.clear()
 
 
+def found(model):
+    """A batch for ``model`` (float64, eval), autograd's gradients of transformers' own loss, the stack found."""
+    model = model.double().eval()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
+    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
+    return x, y, exact, models.residual_stack(model, example=(x, y))
+
+
 def case(name):
     torch.manual_seed(0)
     model = BUILD[name]().double().eval()
@@ -117,13 +126,9 @@ def test_bart_trains_on_the_reverse_task_from_the_command_line_with_highway(tmp_
 def test_t5_with_three_layers_is_exact_at_full_k_its_first_block_with_the_stem():
     """T5's first block computes the relative position bias and returns it to the others: it joins the stem."""
     torch.manual_seed(0)
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+    x, y, exact, stack = found(transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=V, d_model=8, d_kv=4, d_ff=16, num_layers=3, num_decoder_layers=3, num_heads=2, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0)).double().eval()
-    gen = torch.Generator().manual_seed(1)
-    x, y = torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
-    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
-    stack = models.residual_stack(model, example=(x, y))
+        decoder_start_token_id=0, pad_token_id=0)))
     assert stack.found.startswith("2 blocks (T5Block in encoder.block)")
     assert ", whose output feeds 2 blocks (T5Block in decoder.block)" in stack.found
     assert "decoder.block.0, which computes" in stack.found
@@ -188,14 +193,10 @@ def test_both_chains_run_highway_bp_the_encoder_approximated_where_its_depth_exc
     too (with the encoder backpropagated exactly, as a side input's producer alone, it would be exact). k = 3: all
     exact."""
     torch.manual_seed(0)
-    model = transformers.BartForConditionalGeneration(transformers.BartConfig(
+    x, y, exact, stack = found(transformers.BartForConditionalGeneration(transformers.BartConfig(
         vocab_size=V, d_model=8, encoder_layers=3, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=16, dropout=0.0,
-        attention_dropout=0.0, activation_dropout=0.0)).double().eval()
-    gen = torch.Generator().manual_seed(1)
-    x, y = torch.randint(0, V - 1, (B, T), generator=gen), torch.randint(0, V - 1, (B, T), generator=gen)
-    exact = autograd_grads(model, sequence_cross_entropy(model(input_ids=x, labels=y).logits, y))
-    stack = models.residual_stack(model, example=(x, y))
+        attention_dropout=0.0, activation_dropout=0.0)))
     assert stack.found.startswith("3 blocks (BartEncoderLayer in model.encoder.layers)")
     k1 = engine_grads(stack, trainers.build_engine("highway", k=1), x, y, sequence_cross_entropy, strip="model.")
     decoder = [n for n in exact if n.startswith("model.decoder.layers.")]
