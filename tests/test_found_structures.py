@@ -216,3 +216,29 @@ def test_stages_joined_by_a_downsampling_layer_are_found_block_by_block_the_join
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "stage1.0.fc.weight")
     assert stack.found == ("5 blocks (Residual in stage1, stage2) as 6 residual sublayers: 5 h + z, 1 exact boundaries "
                            "(a shape change); 1 of the boundaries joins between the blocks (Linear)")
+
+
+def hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_discovery_leaves_no_hook_on_the_model_found_or_refused():
+    model, x, _ = classified(RawInput, 6)
+    models.residual_stack(model, example=x)
+    assert hooks(model) == 0
+    plain = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    with pytest.raises(models.ModelConfigError, match="found no repeated blocks"):
+        models.residual_stack(plain, example=torch.randn(2, 3))
+    assert hooks(plain) == 0
+    failing = Fails()
+    with pytest.raises(models.ModelConfigError, match="the example does not run through Fails"):
+        models.residual_stack(failing, example=torch.randn(2, 3))
+    assert hooks(failing) == 0
+
+
+def test_the_public_residual_sublayer_defaults_to_the_plain_residual():
+    """README: ``gamma`` (Highway-BP's split of the residual) is 0 unless given: branch = fn(norm(h)), h + branch."""
+    sub = models.adapters.residual.ResidualSublayer(nn.Linear(3, 3))
+    h = torch.randn(2, 3)
+    assert sub.gamma == 0.0 and isinstance(sub.norm, nn.Identity)
+    assert torch.equal(sub(h), h + sub.fn(h))

@@ -88,3 +88,21 @@ def test_pepita_trains_a_shallow_net_on_digits():
     trainer = trainers.Trainer(model, Pepita(), task, optimizer="sgd", lr=0.01, momentum=0.9, progress=False)
     report = trainer.fit(epochs=5)
     assert report["best_val"]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.2])
+def test_the_feedback_fills_scale_times_sqrt_6_over_d0_where_multiplying_and_dividing_differ(scale):
+    """d_0 = 24: scale * sqrt(6 / 24) = scale / 2, scale / sqrt(6 / 24) = 2 scale. Every entry within the bound and
+    the largest near it (a uniform draw of 24 x 3 entries reaches 0.9 of its bound with probability 1 - 0.9^72)."""
+    model = models.build("mlp", in_features=24, out_features=3, depth=2, width=5)
+    engine = Pepita(feedback_scale=scale)
+    engine.compute_grads(model, torch.randn(4, 24), torch.randint(0, 3, (4,)), cross_entropy_loss)
+    bound = scale * math.sqrt(6 / 24)
+    assert engine.F.shape == (24, 3)
+    assert 0.9 * bound < float(engine.F.abs().max()) <= bound
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.05])
+def test_a_feedback_scale_that_is_not_positive_is_refused_in_one_line(scale):
+    with pytest.raises(trainers.ConfigError, match=r"^--pepita-feedback-scale must be > 0, got "):
+        Pepita(feedback_scale=scale)
