@@ -576,3 +576,33 @@ class TestHighwayRecurrentContract(test_dsf.TestDSFContract):
 
     engine_name = "highway"
     engine_options = {"k": 2}
+
+
+def test_tol_stops_at_the_iteration_a_hand_computation_gives_and_reports_its_ratio():
+    """A fixed linear case (n = 4 positions, K = 0.5, J = 0.3 I): d^0 = scan(e), d^{m+1} = scan(back(d^m)),
+    w^m = d^0 + ... + d^m; with tol between the hand ratios ||d^m|| / ||w^m|| of m = 1 and m = 2 the loop stops
+    after 2 iterations and reports the ratio of m = 2 (issue 41: the stopping test squared, not doubled)."""
+    from models.scan import reverse_scan
+    from trainers.engines.highway import highway_iterations
+
+    e = torch.zeros(4, 1, 2, dtype=torch.float64)
+    e[-1] = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    carry = torch.tensor(0.5, dtype=torch.float64)
+
+    def back(W):  # v_j = w_{j+1} J, J = 0.3 I; zero at the last position
+        return torch.cat([0.3 * W[1:], torch.zeros_like(W[:1])])
+
+    def scan(v):
+        return reverse_scan(v, carry, dim=0)
+
+    d = scan(e)
+    w, ratios = d.clone(), []
+    for _ in range(3):
+        d = scan(back(d))
+        w = w + d
+        ratios.append(float(d.norm() / w.norm()))
+    assert ratios[0] > ratios[1] > ratios[2]
+    tol = (ratios[0] + ratios[1]) / 2
+    got, used, rel = highway_iterations(e, carry, back, k=3, tol=tol)
+    assert used == 2 and rel == pytest.approx(ratios[1], rel=1e-12)
+    assert torch.allclose(got, w - d, rtol=1e-12, atol=0)  # w^2: the third iteration not run
