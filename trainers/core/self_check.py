@@ -24,9 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from models.adapters.calling import call_model
 from models.errors import ModelConfigError, one_line
 
-__all__ = ["quiet", "fresh_eval", "failures_refused", "tolerance", "differences", "refuse_differences"]
+__all__ = ["kept", "quiet", "autograd_reference", "fresh_eval", "failures_refused", "tolerance", "differences",
+           "refuse_differences"]
 
 _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 
@@ -37,24 +39,39 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 @contextlib.contextmanager
-def quiet(model: nn.Module) -> Iterator[None]:
-    """``model`` in eval mode with its buffers and the random generators (CPU and the model's device) put
-    back after: a check that runs the model leaves no trace on training."""
+def kept(model: nn.Module) -> Iterator[None]:
+    """Each module's mode and every buffer (BatchNorm statistics) put back after whatever runs inside; eval-mode
+    caches dropped on the way out (``fresh_eval``)."""
     modes = {m: m.training for m in model.modules()}
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        model.train()
+        for module, mode in modes.items():
+            module.training = mode
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
+@contextlib.contextmanager
+def quiet(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode with its modes, buffers and the random generators (CPU and the model's device) put
+    back after (``kept``): a check that runs the model leaves no trace on training."""
     devices = sorted({b.device.index or 0 for b in [*model.parameters(), *model.buffers()]
                       if b.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=devices), kept(model):
         fresh_eval(model)
-        try:
-            yield
-        finally:
-            model.train()  # the check's eval-mode caches dropped (``fresh_eval``), then each module's mode back
-            for module, mode in modes.items():
-                module.training = mode
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+        yield
+
+
+def autograd_reference(model: nn.Module, inputs, targets, loss_fn, params: list) -> tuple:
+    """(outputs, gradients of ``params``) of the model's own forward and the task's loss, by torch autograd: what
+    a check compares with. The graph is kept: a tensor an eval-mode forward caches (timm's attention biases)
+    is read again by the engine's pass."""
+    outputs = call_model(model, inputs, targets).outputs
+    return outputs, torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
 
 
 def fresh_eval(model: nn.Module) -> None:

@@ -56,7 +56,14 @@ from models.adapters.calling import call_model
 from models.adapters.discovery import replaced_forwards
 from models.errors import ModelConfigError
 from trainers.core.engine import trainable_parameters
-from trainers.core.self_check import differences, failures_refused, fresh_eval, quiet, refuse_differences
+from trainers.core.self_check import (
+    autograd_reference,
+    differences,
+    failures_refused,
+    fresh_eval,
+    quiet,
+    refuse_differences,
+)
 
 __all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 
@@ -305,9 +312,7 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
     params = [p for _, p in named]
     opt_out = f"--{engine}-self-check false (Python: self_check=False)"
     with quiet(model), failures_refused(f"trainer '{engine}'", f"--{engine}-self-check false"):
-        outputs = call_model(model, inputs, targets).outputs
-        # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
-        expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
+        outputs, expected = autograd_reference(model, inputs, targets, loss_fn, params)
         mirror = LocalFeedback(direct=False, seed=0, mirror=True)  # FA with B = W: backprop
         fresh_eval(model)
         mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)

@@ -53,7 +53,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from models.adapters.calling import call_model, forward_loss
+from models.adapters.calling import forward_loss
 from models.adapters.discovery import ResidualFound
 from models.adapters.residual import ResidualView
 from models.dropout import ConsistentDropout
@@ -65,7 +65,7 @@ from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
 from trainers.core.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
 from trainers.core.registry import register_engine
-from trainers.core.self_check import failures_refused, fresh_eval, quiet, refuse_differences
+from trainers.core.self_check import autograd_reference, failures_refused, fresh_eval, quiet, refuse_differences
 
 __all__ = ["Highway", "highway_iterations"]
 
@@ -207,17 +207,20 @@ def _segments(blocks) -> list[tuple[list, bool]]:
     return out
 
 
+def _through_combine(w: torch.Tensor, dz: torch.Tensor, parts_dim: int) -> torch.Tensor:
+    """w dr/dz: ``dz`` with one more dimension than ``w`` (at ``parts_dim``) holds a z of m parts, each gets w."""
+    return w.unsqueeze(parts_dim) * dz if dz.dim() == w.dim() + 1 else w * dz
+
+
 class _Depth:
     def at_branch(self, W):
         """Cotangents at the branch outputs z from those at the block outputs: w dr/dz (a z of m parts,
         (n, m, B, ...), gets w in each)."""
-        Dz = self.Dz
-        return W.unsqueeze(1) * Dz if Dz.dim() == W.dim() + 1 else W * Dz
+        return _through_combine(W, self.Dz, 1)
 
     def at_branch_one(self, j: int, w: torch.Tensor) -> torch.Tensor:
         """``at_branch`` for block j alone."""
-        Dz = self.Dz if self.Dz.numel() == 1 else self.Dz[j]
-        return w.unsqueeze(0) * Dz if Dz.dim() == w.dim() + 1 else w * Dz
+        return _through_combine(w, self.Dz if self.Dz.numel() == 1 else self.Dz[j], 0)
 
     def back_one(self, j: int, w: torch.Tensor) -> torch.Tensor:
         """(w dr_j/dz) dg_j/dh: the cotangent at block j's input through its branch alone, from ``w`` at its
@@ -365,9 +368,7 @@ class Highway(GradientEngine):
         found = f"the residual stack found ({model.found.partition(' as ')[0]})" if isinstance(model, ResidualFound) \
             else "the declared residual stack"
         with quiet(model), failures_refused(f"Highway-BP on {found}", "--highway-self-check false"):
-            outputs = call_model(model.model, inputs, targets).outputs
-            # the graph kept: a tensor an eval-mode forward caches (timm's attention biases) is read again below
-            expected = torch.autograd.grad(loss_fn(outputs, targets), params, allow_unused=True, retain_graph=True)
+            expected = autograd_reference(model.model, inputs, targets, loss_fn, params)[1]
             fresh_eval(model)
             by_param = self._depth_step(model, params, inputs, targets, loss_fn, exact=True)[2]
         names = [n.removeprefix("model.") for n, _ in named]

@@ -7,6 +7,7 @@ from models.adapters.calling import call_model, forward_loss, model_call, passes
 from models.adapters.calling import describe as describe_call
 from models.errors import ModelConfigError, one_line
 from trainers.core.errors import ConfigError
+from trainers.core.self_check import kept
 
 __all__ = ["check_task_model", "to_device"]
 
@@ -22,9 +23,7 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     its own loss, where declared (``loss="model"``), is not the task's loss of its outputs (``check_own_loss``)."""
     x = to_device(task.train.inputs[:2], device, dtype)
     targets = task.train.targets[:2].to(device)
-    was_training = model.training
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
+    with kept(model):  # its modes and buffers (BatchNorm statistics) put back after
         for mode in (False, True):
             model.train(mode)
             try:
@@ -47,12 +46,6 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
                 forward_loss(model, x, targets, task.loss_fn)  # the first use compares it with the task's loss
             except ModelConfigError as err:
                 raise ConfigError(str(err)) from None
-    finally:
-        model.train(was_training)
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name in buffers:
-                    b.copy_(buffers[name])
     expected = tuple(task.expected_output_shape)
     if tuple(y.shape[1:]) != expected:
         classes = f" ({task.num_outputs} classes)" if len(expected) == 1 else ""
