@@ -148,6 +148,9 @@ CLI = {  # the issue's architectures that ended in a traceback, by name from the
                                                  "max_relative_positions=8"]),
     "T5ForConditionalGeneration": ("reverse", ["d_model=8", "d_kv=4", "d_ff=16", "num_layers=3",
                                                "num_decoder_layers=3", "num_heads=2"]),
+    "BeitForImageClassification": ("digits", ["hidden_size=8", "num_hidden_layers=2", "num_attention_heads=2",
+                                              "intermediate_size=16", "patch_size=2",
+                                              "use_shared_relative_position_bias=True", "layer_scale_init_value=0.5"]),
 }
 
 
@@ -157,9 +160,10 @@ def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_pat
     from trainers.cli import train_main
 
     task, sizes = CLI[name]
+    data = ["--task-option", "flatten=False"] if task == "digits" else [
+        "--task-option", "n_train=32", "--task-option", "n_val=8", "--task-option", "n_test=8"]
     code = train_main(["--model", f"transformers:{name}", *[f for size in sizes for f in ("--model-option", size)],
-                       "--task", task, "--task-option", "n_train=32", "--task-option", "n_val=8", "--task-option",
-                       "n_test=8", "--trainer", trainer, "--steps", "1", "--eval-batches", "1", "--logdir",
+                       "--task", task, *data, "--trainer", trainer, "--steps", "1", "--eval-batches", "1", "--logdir",
                        str(tmp_path), "--progress", "false"])
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err

@@ -323,9 +323,12 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
         if mine.shape != outputs.shape or differences(["outputs"], [mine], [outputs], outputs.dtype):
             written = f" (with {', '.join(sorted(mirror.written)[:3])} run as the function of their weight: their " \
                       f"forward makes no linear or convolution call)" if mirror.written else ""
+            wrong = differences([n for n, _ in named], got, expected, params[0].dtype)
             raise ModelConfigError(
                 f"self-check: trainer '{engine}''s forward through the layer functions{written} is not the model's "
-                f"own on the first batch; train this model with backprop ({opt_out} skips the check)")
+                f"own on the first batch ({len(wrong)} of {len(named)} parameter gradients then differ, first "
+                f"{', '.join(name for name, _ in wrong[:3]) or 'none'}); train this model with backprop ({opt_out} "
+                f"skips the check)")
         feedback.written = set(mirror.written)
         if feedback.direct:  # a projection that cannot reach a layer (FA's feedback has its layer's shape)
             fresh_eval(model)
