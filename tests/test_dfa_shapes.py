@@ -62,7 +62,7 @@ def test_dfa_projects_a_per_sample_error_to_every_window_position_as_written_by_
     x, y = torch.randn(B, 2 * T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
     engine = trainers.build_engine("dfa", path="layers")
     got = engine_grads(model, engine, x, y)
-    D2 = engine.layers.feedback["fc2"]  # (C, H): drawn at the first step
+    D2 = engine.layers.matrix("fc2")  # (C, H): drawn at the first step
     assert D2.shape == (C, H)
     w = x.reshape(2 * B, T, D)
     a1 = model.fc1(w)
@@ -118,7 +118,7 @@ def test_dfa_gives_a_layer_on_a_batch_shared_table_the_sum_of_the_samples_projec
     x, y = torch.randn(B, T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
     engine = trainers.build_engine("dfa", path="layers")
     got = engine_grads(model, engine, x, y)
-    P = engine.layers.feedback["proj"]  # (C, T D): the table's input of the projection, whole
+    P = engine.layers.matrix("proj")  # (C, T D): the table's input of the projection, whole
     assert P.shape == (C, T * D)
     with torch.no_grad():
         e = (torch.softmax(model(x), -1) - nn.functional.one_hot(y, C)) / B

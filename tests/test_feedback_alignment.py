@@ -63,9 +63,9 @@ def test_matches_the_rule_written_by_hand(rule):
     engine = trainers.build_engine(rule, feedback_seed=3)
     got = grads(model, engine, x, y)
     shapes = {"fa": [(5, 5), (3, 5)], "dfa": [(3, 5), (3, 5)]}[rule]
-    assert [tuple(f.shape) for f in engine.feedback] == shapes
-    assert all(f.dtype == torch.float64 for f in engine.feedback)
-    expected = by_hand(model, engine.feedback, x, y, rule)
+    assert [tuple(f.shape) for f in engine.matrices()] == shapes
+    assert all(f.dtype == torch.float64 for f in engine.matrices())
+    expected = by_hand(model, engine.matrices(), x, y, rule)
     for name, g in expected.items():
         torch.testing.assert_close(got[name], g, rtol=1e-12, atol=1e-14)
     # the output layer gets the exact gradient: both rules differ from backprop only below it
@@ -102,9 +102,9 @@ def test_feedback_is_fixed_seeded_and_restored_from_a_state_dict(rule):
     model, (x, y) = mlp(), batch()
     engine = trainers.build_engine(rule, feedback_seed=5)
     first = grads(model, engine, x, y)
-    drawn = [f.clone() for f in engine.feedback]
+    drawn = [f.clone() for f in engine.matrices()]
     grads(model, engine, x, y)
-    assert all(torch.equal(a, b) for a, b in zip(drawn, engine.feedback, strict=True))  # never trained
+    assert all(torch.equal(a, b) for a, b in zip(drawn, engine.matrices(), strict=True))  # never trained
     again = trainers.build_engine(rule, feedback_seed=5)
     assert all(torch.equal(first[n], g) for n, g in grads(model, again, x, y).items())
     other = trainers.build_engine(rule, feedback_seed=6)
@@ -227,7 +227,7 @@ def test_dfa_on_a_cnn_with_two_hidden_layers_is_not_backprop_with_the_output_wei
     dfa = trainers.build_engine("dfa", feedback_seed=3)
     grads(model, dfa, x, y)  # draws D_1, D_2
     state = dfa.state_dict()
-    dfa.load_state_dict({**state, "feedback": [state["feedback"][0], model.layers[2].linear.weight.detach().clone()]})
+    dfa.load_state_dict({**state, "feedback": [dfa.matrices()[0], model.layers[2].linear.weight.detach().clone()]})
     got, exact = grads(model, dfa, x, y), grads(model, trainers.build_engine("backprop"), x, y)
     for name in names_of(model, model.layers[1]):  # the layer below the output: exact with D_2 = W_3
         torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12, msg=name)
@@ -245,7 +245,7 @@ def test_random_feedback_on_a_cnn_has_the_layers_shapes_and_trains_through_the_t
     grads(stack, engine, x, y)
     conv = stack.layers[1].weight
     want = {"fa": [tuple(conv.shape), (16, 96), (3, 16)], "dfa": [(3, 4 * 8 * 8), (3, 6 * 4 * 4), (3, 16)]}[rule]
-    assert [tuple(f.shape) for f in engine.feedback] == want
+    assert [tuple(f.shape) for f in engine.matrices()] == want
     task = tasks.build("digits")
     net = user_cnn().sequential.float()
     net[-1] = torch.nn.Linear(16, 10)
@@ -265,6 +265,7 @@ def test_the_zoo_convnet_is_a_layer_stack_fa_dfa_pepita_and_backprop_take_and_fo
     assert [type(layer).__name__ for layer in model.layers] == ["Conv2d", "Conv2d", "FlattenedLinear"]
     x = torch.randn(3, 64)
     torch.testing.assert_close(model(x), model(x.reshape(3, 1, 8, 8)))
-    assert [name for name in available() if compatible(name, model)] == ["backprop", "dfa", "fa", "pepita"]
+    assert [name for name in available() if compatible(name, model)] == ["backprop", "brsf", "dfa", "fa", "frsf",
+                                                                          "pepita", "usf"]
     with pytest.raises(trainers.IncompatibleModelError, match="needs orthogonal hidden layers"):
         trainers.build_engine("foton").check(model)

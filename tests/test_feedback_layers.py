@@ -147,10 +147,8 @@ def test_on_a_layer_stack_the_layer_path_is_the_stack_path(rule):
     on_layers = trainers.build_engine(rule, path="layers")
     grads(stack, on_layers, x, y, cross_entropy_loss)
     names = [n for n, _ in covered_layers(stack)]  # sequential.0, .2, .4
-    if rule == "fa":  # B_2, B_3 feed layers 2 and 3's inputs
-        on_layers.layers.feedback.update({names[1]: on_stack.feedback[0], names[2]: on_stack.feedback[1]})
-    else:  # D_1, D_2: e projected at the inputs of layers 2 and 3
-        on_layers.layers.feedback.update({names[1]: on_stack.feedback[0], names[2]: on_stack.feedback[1]})
+    # fa: B_2, B_3 feed layers 2 and 3's inputs; dfa: D_1, D_2, e projected at the inputs of layers 2 and 3
+    on_layers.layers.feedback.update({names[1]: on_stack.matrices()[0], names[2]: on_stack.matrices()[1]})
     got = grads(stack, on_layers, x, y, cross_entropy_loss)
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-12, atol=1e-14, msg=name)

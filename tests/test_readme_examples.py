@@ -252,7 +252,7 @@ RUNS = [
     Run("own", r"\.venv/bin/python scripts/train\.py --model my_models\.py:Net ", trained("backprop"), TRAIN,
         prepare=write_my_models),
     Run("own", r"\.venv/bin/python scripts/compare\.py --model my_models\.py:Net$",
-        comparison("compare-digits", "backprop", "dfa", "fa"), COMPARE),  # the trainers a plain module allows
+        comparison("compare-digits", "backprop", "brsf", "dfa", "fa", "frsf", "usf"), COMPARE),  # a plain module's
     Run("own", r"\.venv/bin/python scripts/train\.py --model torch\.nn:Linear ", trained("linear"), TRAIN),
     # the installed command, as this checkout's trainers.cli.main
     Run("installed", r"gradengines train --model my_models\.py:Net ", trained("backprop"), TRAIN,

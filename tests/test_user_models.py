@@ -136,19 +136,20 @@ def test_a_syntax_error_in_the_file_is_one_line(tmp_path, capsys):
 
 def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, capsys):
     """A plain nn.Module of nn.Linear layers is no layer stack, residual stack or recurrent model: the
-    comparison runs backprop and the trainers that need only its weight layers (FA and DFA, on the layer
+    comparison runs backprop and the trainers that need only its weight layers (the FA family, on the layer
     path), with its summary and figure, and a named trainer that needs a structure is refused in one line."""
     logdir = tmp_path / "runs"
     assert compare_main(["--model", f"{user_file}:Net", "--steps", "5", "--seeds", "0", "--logdir", str(logdir),
                          "--progress", "false"]) == 0
     experiment = logdir / "compare-digits"
-    assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == ["backprop", "dfa", "fa"]
+    family = ["backprop", "brsf", "dfa", "fa", "frsf", "usf"]
+    assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == family
     assert (experiment / "summary.md").exists() and (experiment / "comparison.png").exists()
     note = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: compared")]
-    assert note == ["note: compared backprop, dfa, fa: every trainer this model allows; left out: dsf, ftbptt (need "
-                    "a model with recurrent layers); foton, pepita (need a layer stack h_l = act(A_l h_{l-1} + b_l) "
-                    "with adjoint-capable A_l); highway (needs a residual stack) (--trainers NAME says the whole "
-                    "reason)"]
+    assert note == ["note: compared backprop, brsf, dfa, fa, frsf, usf: every trainer this model allows; left out: "
+                    "dsf, ftbptt (need a model with recurrent layers); foton, pepita (need a layer stack h_l = "
+                    "act(A_l h_{l-1} + b_l) with adjoint-capable A_l); highway (needs a residual stack) (--trainers "
+                    "NAME says the whole reason)"]
     assert compare_main(["--model", f"{user_file}:Net", "--trainers", "foton", "--steps", "5", "--seeds", "0",
                          "--logdir", str(tmp_path / "other"), "--progress", "false"]) == 2
     assert "trainer 'foton' needs" in capsys.readouterr().err

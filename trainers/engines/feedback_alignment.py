@@ -62,10 +62,12 @@ from trainers.core.options import option
 from trainers.core.protocols import LayerStack, require
 from trainers.core.registry import register_engine
 from trainers.engines.feedback_layers import LocalFeedback, check_layer_path, covered_layers
+from trainers.engines.feedback_rules import RULES, Scale, generator, scale_of, uniform
 from trainers.engines.forward_only import linear_part, output_error, write_layer_grads
 from trainers.engines.weights import weights_once
 
-__all__ = ["FeedbackAlignment", "DirectFeedbackAlignment"]
+__all__ = ["FeedbackAlignment", "UniformSignFeedback", "BatchRandomSignFeedback", "FixedRandomSignFeedback",
+           "DirectFeedbackAlignment"]
 
 
 _ZOO = "mlp, convnet, ortho_lenet, ortho_convnet"
@@ -107,14 +109,32 @@ def _graph(output: torch.Tensor) -> torch.Tensor | None:
     return output if output.requires_grad else None
 
 
-class _RandomFeedback(GradientEngine):
-    """The pass shared by FA and DFA; subclasses give the feedback shapes and the projection."""
+_SCALE_HELP = ("the feedback's rms per layer: fan_in 1/sqrt(3 fan_in) (U(+-1/sqrt(fan_in)), the papers' draw); "
+               "glorot sqrt(2/(fan_in+fan_out)) (BioTorch's factor); weight: the rms of the layer's weight when "
+               "first drawn (trainers/engines/feedback_rules.py)")
 
-    direct = False  # DFA: the output error projected at each layer
+
+def _weight(layer: nn.Module) -> torch.Tensor:
+    """The weight a stack layer's map uses this step (a parametrized one as computed), or the kernel of an adjoint."""
+    kind = feedback_kind(layer)
+    if kind == "dense":
+        return linear_part(layer).weight
+    return layer.weight if kind == "conv" else _kernel(layer)[1]
+
+
+def _fan_out(layer: nn.Module, shape: tuple[int, ...]) -> int:
+    return shape[0] if feedback_kind(layer) == "dense" else shape[0] * math.prod(shape[2:])
+
+
+class _RandomFeedback(GradientEngine):
+    """The pass shared by the FA family and DFA; subclasses give the feedback shapes and the projection."""
+
+    rule = "fa"  # trainers.engines.feedback_rules.RULES, or "dfa"
 
     @dataclasses.dataclass
     class Options:
         feedback_seed: int = option(0, "seed of the fixed random feedback matrices")
+        scale: Scale = option("fan_in", _SCALE_HELP)
         path: Literal["auto", "stack", "layers"] = option(
             "auto", "stack: the layer-stack pass (no backward through the network); layers: every weight layer's "
                     "backward swapped, autograd elsewhere (any model); auto: stack on a layer stack")
@@ -126,8 +146,10 @@ class _RandomFeedback(GradientEngine):
         super().__init__(**options)
         if not 0 <= self.options.feedback_seed < 2**63:
             raise ConfigError(f"--{self.name}-feedback-seed must be in [0, 2**63), got {self.options.feedback_seed}")
-        self.feedback: list[torch.Tensor] | None = None  # drawn at the first step
-        self.layers = LocalFeedback(self.direct, self.options.feedback_seed)  # the layer path's
+        self.feedback: list[torch.Tensor] | None = None  # the stack path's: drawn at the first step
+        self.steps = 0  # the stack path's steps (brsf draws its magnitudes from (seed, layer, step))
+        self.layers = LocalFeedback(self.rule, self.options.feedback_seed, self.options.scale,
+                                    getattr(self.options, "slices", "shared") == "shared")  # the layer path's
 
     def _stack_path(self, model: nn.Module) -> bool:
         return self.options.path == "stack" or (self.options.path == "auto" and isinstance(model, LayerStack))
@@ -163,22 +185,24 @@ class _RandomFeedback(GradientEngine):
         """(shape, fan-in) of each random tensor, from the layers, the hidden output shapes and d_L."""
         raise NotImplementedError
 
+    def draw(self, model: nn.Module, e: torch.Tensor, hidden: list[torch.Size]) -> None:
+        """The stack path's random tensors, drawn at the first step from one generator (``feedback_seed``)."""
+        raise NotImplementedError
+
     def project(self, hidden: int, delta_above: torch.Tensor, e: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """The error reaching hidden layer ``hidden`` (0-based), of ``shape`` (its output's, with the batch),
         before its activation's derivative."""
         raise NotImplementedError
 
-    def _draw(self, model: nn.Module, e: torch.Tensor, hidden: list[torch.Size]) -> None:
-        """The feedback tensors on ``e``'s device and dtype: loaded, or drawn (the first step)."""
+    def _drawn(self, model: nn.Module, e: torch.Tensor, hidden: list[torch.Size]) -> bool:
+        """Whether the stack path's tensors exist for these shapes (moved to ``e``'s device and dtype)."""
         self._layers = list(model.layers)
         shapes = self.feedback_shapes(self._layers, hidden, e.shape[1])
-        if self.feedback is not None and [tuple(f.shape) for f in self.feedback] == [s for s, _ in shapes]:
-            if any(f.dtype != e.dtype or f.device != e.device for f in self.feedback):
-                self.feedback = [f.to(e) for f in self.feedback]
-            return
-        gen = torch.Generator().manual_seed(self.options.feedback_seed)
-        self.feedback = [((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)).to(e)
-                         for shape, fan_in in shapes]
+        if self.feedback is None or [tuple(f.shape) for f in self.feedback] != [s for s, _ in shapes]:
+            return False
+        if any(f.dtype != e.dtype or f.device != e.device for f in self.feedback):
+            self.feedback = [f.to(e) for f in self.feedback]
+        return True
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         if not self._stack_path(model):
@@ -212,37 +236,58 @@ class _RandomFeedback(GradientEngine):
             hs.append(h)
         y = outs[-1].detach()
         e = output_error(y, targets, loss_fn)  # (B, d_L)
-        self._draw(model, e, [a.shape[1:] for a in pre])
+        if not self._drawn(model, e, [a.shape[1:] for a in pre]):
+            self.draw(model, e, [a.shape[1:] for a in pre])
         write_layer_grads(layers[-1], hs[-1], e, batch, output=_graph(outs[-1]))
         delta = e
         for i in reversed(range(len(layers) - 1)):
             (delta,) = torch.autograd.grad(post[i], pre[i], self.project(i, delta, e, pre[i].shape))  # * dh_i/da_i
             write_layer_grads(layers[i], hs[i], delta, batch, output=_graph(outs[i]))
+        self.steps += 1
         with torch.no_grad():
             loss = loss_fn(y, targets)
         return StepOutput(loss=loss.detach(), outputs=y.detach())
 
-    def state_dict(self) -> dict:
-        return {"feedback": self.feedback, "layers": self.layers.feedback}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.feedback = state["feedback"]
-        self.layers.feedback = dict(state.get("layers", {}))
-
 
 @register_engine("fa")
 class FeedbackAlignment(_RandomFeedback):
-    """FA (module docstring): delta_l = (B_{l+1}^T delta_{l+1}) * dh_l/da_l, B_l of the kind and shape of A_l."""
+    """FA (module docstring): delta_l = (B_{l+1}^T delta_{l+1}) * dh_l/da_l, B_l of the kind and shape of A_l;
+    what B is given W: ``rule`` (``trainers.engines.feedback_rules``); the sign-symmetric rules below."""
 
     def __init__(self, **options):
         super().__init__(**options)
+        self.used: list[torch.Tensor] = []  # the stack path's B_2 .. B_L of the last step
+        self._used_weights: list[torch.Tensor] = []  # ... and the W_2 .. W_L they stood for
         self._twins: dict[int, nn.Module] = {}  # fixed random copies of adjoint modules, made from the feedback
+
+    def check(self, model: nn.Module) -> None:
+        super().check(model)
+        if RULES[self.rule].signed and self._stack_path(model):
+            adjoint = [type(layer).__name__ for layer in model.layers[1:] if feedback_kind(layer) == "adjoint"]
+            if adjoint:
+                raise IncompatibleModelError(
+                    f"trainer '{self.name}' takes the signs of each layer's weight; {adjoint[0]} is a function of "
+                    f"its kernel (an orthogonal convolution), whose signs are not the map's: use fa or dfa on "
+                    f"{type(model).__name__}")
 
     def feedback_shapes(self, layers, hidden, outputs):
         return [feedback_shape(layer) for layer in layers[1:]]  # B_2 .. B_L
 
+    def draw(self, model, e, hidden):
+        rule, gen = RULES[self.rule], torch.Generator().manual_seed(self.options.feedback_seed)
+        self.feedback = []
+        for layer, (shape, fan_in) in zip(self._layers[1:], self.feedback_shapes(self._layers, hidden, e.shape[1]),
+                                          strict=True):
+            r = scale_of(self.options.scale, fan_in, _fan_out(layer, shape), _weight(layer))
+            self.feedback.append(rule.kept(shape, r, gen, e))
+
     def project(self, hidden, delta_above, e, shape):
-        layer, B = self._layers[hidden + 1], self.feedback[hidden]
+        layer, rule = self._layers[hidden + 1], RULES[self.rule]
+        B = rule.feedback(self.feedback[hidden], _weight(layer),
+                          generator(self.options.feedback_seed, hidden, self.steps) if rule.redrawn else None)
+        if len(self.used) != len(self.feedback):
+            self.used, self._used_weights = [B] * len(self.feedback), [B] * len(self.feedback)
+        self.used[hidden], self._used_weights[hidden] = B, _weight(layer).detach()
         kind = feedback_kind(layer)
         if kind == "dense":  # (B, d_{l+1}) @ (d_{l+1}, d_l), as backprop's delta @ W
             return (delta_above.reshape(len(delta_above), -1) @ B).reshape(shape)
@@ -264,15 +309,121 @@ class FeedbackAlignment(_RandomFeedback):
             self._twins[hidden] = twin
         return twin
 
+    def matrices(self) -> list[torch.Tensor]:
+        """B_2 .. B_L as the stack path's last step applied them."""
+        return self.used
+
+    def alignment(self) -> dict[str, float]:
+        """Per covered layer, the angle in degrees between the feedback B of the last step and the forward
+        weight W it stood for (0: B is a positive multiple of W, 90: orthogonal)."""
+        pairs = [(f"layers.{i + 1}", B, W) for i, (B, W) in enumerate(zip(self.used, self._used_weights,
+                                                                             strict=True))] if self.used else \
+            [(name, B, self.layers.weights[name]) for name, B in self.layers.used.items()]
+        return {name: _angle(B, W) for name, B, W in pairs}
+
+    def metrics(self) -> dict[str, float]:
+        return {f"alignment_deg/{name}": angle for name, angle in self.alignment().items()}
+
+    def state_dict(self) -> dict:
+        return {"feedback": self.used or self.feedback, "kept": self.feedback, "steps": self.steps,
+                "layers": self.layers.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.feedback = state.get("kept", state["feedback"])
+        self.used, self.steps = [], state.get("steps", 0)
+        self.layers.load(state.get("layers", {}))
+
+
+def _angle(B: torch.Tensor, W: torch.Tensor) -> float:
+    cos = torch.nn.functional.cosine_similarity(B.detach().double().flatten(), W.detach().double().flatten(), dim=0)
+    return math.degrees(math.acos(max(-1.0, min(1.0, cos.item()))))
+
+
+@register_engine("usf")
+class UniformSignFeedback(FeedbackAlignment):
+    """FA with B = r sign(W): uniform sign-concordant feedback (Liao, Leibo & Poggio 2016)."""
+
+    rule = "usf"
+
+
+@register_engine("brsf")
+class BatchRandomSignFeedback(FeedbackAlignment):
+    """FA with B = a |M_t| o sign(W), M_t redrawn at every step (Liao, Leibo & Poggio 2016)."""
+
+    rule = "brsf"
+
+
+@register_engine("frsf")
+class FixedRandomSignFeedback(FeedbackAlignment):
+    """FA with B = a |M| o sign(W), M drawn once (Liao, Leibo & Poggio 2016)."""
+
+    rule = "frsf"
+
 
 @register_engine("dfa")
 class DirectFeedbackAlignment(_RandomFeedback):
-    """DFA (module docstring): delta_l = (D_l^T e) * dh_l/da_l, D_l of shape d_L x (features of a_l)."""
+    """DFA (module docstring): delta_l = (D_l^T e) * dh_l/da_l, D_l of shape d_L x (features of a_l): slices of one
+    random matrix, the output error projected once per step (``trainers.engines.feedback_layers.LocalFeedback``)."""
 
-    direct = True
+    rule = "dfa"
+
+    @dataclasses.dataclass
+    class Options(_RandomFeedback.Options):
+        slices: Literal["shared", "disjoint"] = option(
+            "shared", "each layer's D: the first columns of one random matrix (shared, Launay et al. 2020), or "
+                      "its own columns of it (disjoint: a matrix per layer); one projection per step either way")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.projection: torch.Tensor | None = None  # the stack path's one matrix, d_L x width
+        self.slices: list[tuple[int, int, float]] = []  # (offset, width, amplitude) of D_1 .. D_{L-1}
+        self._projected: torch.Tensor | None = None
 
     def feedback_shapes(self, layers, hidden, outputs):
         return [((outputs, math.prod(shape)), outputs) for shape in hidden]  # D_1 .. D_{L-1}
 
+    def _drawn(self, model, e, hidden):
+        self._projected = None
+        if self.feedback is not None:  # one matrix per layer, set (tests): projected on its own
+            if super()._drawn(model, e, hidden):
+                return True
+            self.feedback = None
+        widths = [math.prod(shape) for shape in hidden]
+        if self.projection is None or [w for _, w, _ in self.slices] != widths or self.projection.shape[0] != \
+                e.shape[1]:
+            return False
+        self.projection = self.projection.to(e)
+        return True
+
+    def draw(self, model, e, hidden):
+        self._layers = list(model.layers)
+        widths = [math.prod(shape) for shape in hidden]
+        offsets = [0] * len(widths) if self.options.slices == "shared" else [sum(widths[:i]) for i in
+                                                                              range(len(widths))]
+        gen = torch.Generator().manual_seed(self.options.feedback_seed)
+        self.projection = uniform((e.shape[1], max(o + w for o, w in zip(offsets, widths, strict=True))), gen).to(e)
+        self.slices = [(o, w, math.sqrt(3) * scale_of(self.options.scale, e.shape[1], w, _weight(layer)))
+                       for o, w, layer in zip(offsets, widths, self._layers[1:], strict=True)]
+
+    def matrices(self) -> list[torch.Tensor]:
+        """D_1 .. D_{L-1} as the stack path applies them (set, or sliced from the one projection)."""
+        if self.feedback is not None:
+            return self.feedback
+        return [self.projection[:, o:o + w] * a for o, w, a in self.slices]
+
     def project(self, hidden, delta_above, e, shape):
-        return (e @ self.feedback[hidden]).reshape(shape)  # (B, d_L) @ (d_L, features of a_l)
+        if self.feedback is not None:
+            return (e @ self.feedback[hidden]).reshape(shape)  # (B, d_L) @ (d_L, features of a_l)
+        if self._projected is None:
+            self._projected = e @ self.projection  # once per step, for every layer
+        offset, width, amplitude = self.slices[hidden]
+        return (self._projected[:, offset:offset + width] * amplitude).reshape(shape)
+
+    def state_dict(self) -> dict:
+        return {"feedback": self.feedback, "projection": self.projection, "slices": self.slices,
+                "layers": self.layers.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.feedback = state.get("feedback")
+        self.projection, self.slices = state.get("projection"), list(state.get("slices", []))
+        self.layers.load(state.get("layers", {}))

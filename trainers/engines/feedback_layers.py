@@ -64,6 +64,7 @@ from trainers.core.self_check import (
     quiet,
     refuse_differences,
 )
+from trainers.engines.feedback_rules import RULES, Scale, generator, scale_of, uniform
 
 __all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 
@@ -124,6 +125,9 @@ class _Dense:
     def fan_in(self, shape) -> int:
         return shape[0] if self.transposed else shape[1]
 
+    def fan_out(self, shape) -> int:
+        return shape[1] if self.transposed else shape[0]
+
 
 class _Conv:
     """``F.conv2d`` with zero padding given as numbers."""
@@ -145,6 +149,9 @@ class _Conv:
 
     def fan_in(self, shape) -> int:
         return math.prod(shape[1:])
+
+    def fan_out(self, shape) -> int:
+        return shape[0] * math.prod(shape[2:])
 
 
 class _LocalBackward(torch.autograd.Function):
@@ -195,22 +202,35 @@ class _Intercept(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _uniform(shape, fan_in: int, seed: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(hash(seed) % 2**63)
-    return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)).to(like)
-
-
 class LocalFeedback:
-    """FA (``direct=False``) or DFA (``direct=True``) on any model (module docstring). ``feedback``: layer name ->
-    its random tensor (B or D), drawn when first needed; tests may set B = W. ``mirror``: FA with B = the weight
-    each call uses (backprop: the self-check's)."""
+    """One rule of the FA family (``rule``: fa, usf, brsf, frsf; ``trainers.engines.feedback_rules``) or DFA
+    (``rule="dfa"``) on any model (module docstring).
 
-    def __init__(self, direct: bool, seed: int, mirror: bool = False):
-        self.direct, self.seed, self.mirror = direct, seed, mirror
+    FA family: ``feedback`` maps a layer's name to what its rule keeps (B itself for fa: tests may set B = W;
+    r for usf, a for brsf, a |M| for frsf), drawn when first needed; ``used``: the B each layer's backward used
+    at the last step, of the weight's shape. ``mirror``: FA with B = the weight each call uses (backprop: the
+    self-check's).
+
+    DFA: one projection per step. One random matrix (``projection``, U(-1, 1), d_y x width) for the output
+    error laid out per position (B T, d_y) and one for it per sample (B, d_y ...); each layer reads a slice of
+    its columns (``slices``: key, offset, width), scaled by the layer's a; the product of the error with the
+    whole matrix is computed once per step, whatever the number of layers (Launay et al. 2020, Sec. 3).
+    ``shared``: every slice starts at column 0 (their single matrix); else the slices are disjoint (the same
+    numbers as one matrix per layer). A matrix set in ``feedback`` for a layer (tests) is projected on its own."""
+
+    def __init__(self, rule: str, seed: int, scale: Scale = "fan_in", shared: bool = True, mirror: bool = False):
+        self.direct, self.seed, self.scale, self.shared, self.mirror = rule == "dfa", seed, scale, shared, mirror
+        self.rule = None if self.direct else RULES[rule]
         self.feedback: dict[str, torch.Tensor] = {}
+        self.used: dict[str, torch.Tensor] = {}
+        self.weights: dict[str, torch.Tensor] = {}  # the weight each layer's call used at the last step
+        self.step = 0  # steps taken (brsf's magnitudes are drawn from (seed, layer, step))
+        self.projection: dict[str, torch.Tensor] = {}
+        self.slices: dict[str, tuple[str, int, int, float]] = {}
         self.uncovered: set[str] = set()  # covered layers whose forward made no linear or convolution call
         self.written: set[str] = set()  # ... run as the function written out (the self-check found it equal)
         self._e: torch.Tensor | None = None  # DFA: the error at the model's output, this step
+        self._projected: dict[str, torch.Tensor] = {}  # DFA: the error times the whole projection, this step
 
     def coverage(self, model: nn.Module) -> str:
         """One line: how many layers' backward the feedback replaces, by class, and which run as their function
@@ -226,19 +246,74 @@ class LocalFeedback:
                      f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
         return line
 
-    def _tensor(self, index: int, name: str, shape, fan_in: int, like: torch.Tensor) -> torch.Tensor:
+    def state(self) -> dict:
+        return {"feedback": self.feedback, "used": self.used, "step": self.step, "projection": self.projection,
+                "slices": self.slices}
+
+    def load(self, state: dict) -> None:
+        if state and all(isinstance(t, torch.Tensor) for t in state.values()):  # before the FA family: the tensors
+            state = {"feedback": state}
+        self.feedback = dict(state.get("feedback", {}))
+        self.used = dict(state.get("used", {}))
+        self.step = state.get("step", 0)
+        self.projection = dict(state.get("projection", {}))
+        self.slices = dict(state.get("slices", {}))
+
+    def _kept(self, index: int, name: str, weight: torch.Tensor, kind, like: torch.Tensor) -> torch.Tensor:
+        """What the FA-family rule keeps for layer ``name``: drawn at first use (or when W's shape changed)."""
         t = self.feedback.get(name)
-        if t is None or tuple(t.shape) != tuple(shape):
-            t = self.feedback[name] = _uniform(shape, fan_in, (self.seed, index), like)
+        if t is None or (t.dim() and tuple(t.shape) != tuple(weight.shape)):
+            r = scale_of(self.scale, kind.fan_in(weight.shape), kind.fan_out(weight.shape), weight)
+            t = self.feedback[name] = self.rule.kept(weight.shape, r, generator(self.seed, index), like)
         elif t.dtype != like.dtype or t.device != like.device:
             t = self.feedback[name] = t.to(like)
         return t
 
+    def matrix(self, name: str) -> torch.Tensor:
+        """DFA: layer ``name``'s D (d_y x its width), set or sliced from the projection, as its backward uses it."""
+        if name in self.feedback:
+            return self.feedback[name]
+        key, offset, width, amplitude = self.slices[name]
+        return self.projection[key][:, offset:offset + width] * amplitude
+
+    def _project(self, index: int, name: str, key: str, errors: torch.Tensor, width: int,
+                 weight: torch.Tensor, kind) -> torch.Tensor:
+        """DFA: ``errors`` (rows, d_y) times layer ``name``'s D (module docstring): its slice of the one product
+        of the step, the projection drawn or widened when first needed."""
+        if name in self.feedback:
+            return errors @ self.feedback[name].to(errors)
+        if name not in self.slices:
+            base = self.projection.get(key)
+            if base is not None and base.shape[0] != errors.shape[1]:  # another output size: drawn again
+                base = None
+                self.slices = {n: s for n, s in self.slices.items() if s[0] != key}
+            drawn = 0 if base is None else base.shape[1]
+            offset = 0 if self.shared else sum(w for k, _, w, _ in self.slices.values() if k == key)
+            if offset + width > drawn:  # the projection widened by the columns this layer needs
+                fresh = uniform((errors.shape[1], offset + width - drawn), generator(self.seed, index, drawn))
+                self.projection[key] = fresh.to(errors) if base is None else torch.cat([base, fresh.to(base)], 1)
+                self._projected.pop(key, None)
+            r = scale_of(self.scale, errors.shape[1], width, weight)
+            self.slices[name] = (key, offset, width, math.sqrt(3) * r)
+        key, offset, width, amplitude = self.slices[name]
+        base = self.projection[key]
+        if base.dtype != errors.dtype or base.device != errors.device:
+            base = self.projection[key] = base.to(errors)
+        projected = self._projected.get(key)
+        if projected is None or projected.shape[1] < offset + width:
+            projected = self._projected[key] = errors @ base
+        return projected[:, offset:offset + width] * amplitude
+
     def _feed(self, index: int, name: str, kind) -> Callable:
         if not self.direct:
             def fa(g, x, weight):
-                B = weight.detach() if self.mirror else self._tensor(index, name, weight.shape,
-                                                                      kind.fan_in(weight.shape), g)
+                if self.mirror:
+                    B = weight.detach()
+                else:
+                    kept = self._kept(index, name, weight, kind, g)
+                    B = self.rule.feedback(kept, weight, generator(self.seed, index, self.step)
+                                           if self.rule.redrawn else None)
+                    self.used[name], self.weights[name] = B, weight.detach()
                 return kind.feedback_input(g, B, x.shape)
             return fa
 
@@ -246,21 +321,21 @@ class LocalFeedback:
             e = self._e.to(g.dtype)  # a layer that computes in another dtype than the model's output
             batch = e.shape[0]
             dense = isinstance(kind, _Dense)
+            position = "position" if e.dim() > 2 else "sample"
             if dense and e.shape[:-1].numel() == x.shape[:-1].numel():  # position by position (also flattened)
-                D = self._tensor(index, name, (e.shape[-1], x.shape[-1]), e.shape[-1], g)
-                return (e.reshape(-1, e.shape[-1]) @ D).reshape(x.shape).to(x.dtype)
+                P = self._project(index, name, position, e.reshape(-1, e.shape[-1]), x.shape[-1], weight, kind)
+                return P.reshape(x.shape).to(x.dtype)
             per_sample = x.shape[0] % batch == 0  # the batch leads (B, ...), or windows of it (B x windows, ...)
             if dense and e.dim() == 2 and per_sample:  # one error for every position
-                D = self._tensor(index, name, (e.shape[-1], x.shape[-1]), e.shape[-1], g)
-                return (e @ D).unsqueeze(1).expand(batch, x.shape[:-1].numel() // batch, x.shape[-1]) \
+                P = self._project(index, name, "sample", e, x.shape[-1], weight, kind)
+                return P.unsqueeze(1).expand(batch, x.shape[:-1].numel() // batch, x.shape[-1]) \
                     .reshape(x.shape).to(x.dtype)
-            d_y = e[0].numel()
             if per_sample:  # per sample, whatever the layout
-                D = self._tensor(index, name, (d_y, x.numel() // batch), d_y, g)
-                return (e.reshape(batch, -1) @ D).reshape(x.shape).to(x.dtype)
+                P = self._project(index, name, "sample", e.reshape(batch, -1), x.numel() // batch, weight, kind)
+                return P.reshape(x.shape).to(x.dtype)
             if x.shape[0] == 1:  # one input for the whole batch (DeBERTa's relative table): the samples' sum
-                D = self._tensor(index, name, (d_y, x.numel()), d_y, g)
-                return (e.reshape(batch, -1) @ D).sum(0).reshape(x.shape).to(x.dtype)
+                P = self._project(index, name, "sample", e.reshape(batch, -1), x.numel(), weight, kind)
+                return P.sum(0).reshape(x.shape).to(x.dtype)
             raise ModelConfigError(f"trainer 'dfa' cannot project the output error {tuple(e.shape)} to the input "
                                    f"{tuple(x.shape)} of {name}: its first dimension is neither the batch ({batch}), "
                                    f"a multiple of it, nor 1")
@@ -295,8 +370,12 @@ class LocalFeedback:
         if self.direct and outputs.requires_grad:
             outputs.register_hook(self._keep_error)
         loss = loss_fn(outputs, targets)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        self._e = None
+        try:
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        finally:
+            self._e, self._projected = None, {}
+        if not self.mirror:
+            self.step += 1
         return outputs, loss, grads
 
     def _keep_error(self, e: torch.Tensor) -> None:
@@ -313,7 +392,7 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
     opt_out = f"--{engine}-self-check false (Python: self_check=False)"
     with quiet(model), failures_refused(f"trainer '{engine}'", f"--{engine}-self-check false"):
         outputs, expected = autograd_reference(model, inputs, targets, loss_fn, params)
-        mirror = LocalFeedback(direct=False, seed=0, mirror=True)  # FA with B = W: backprop
+        mirror = LocalFeedback("fa", seed=0, mirror=True)  # FA with B = W: backprop
         fresh_eval(model)
         mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
         if mirror.uncovered:  # a layer that computes x W^T + b its own way (Falcon's): the function written out

@@ -20,7 +20,9 @@ Sources (``../shared/papers`` summarises each):
 * Highway-BP: Fagnou et al., ICLR 2025 (arXiv 2501.17086), Table 4 (ResNets, GPT-2) and App. C.1.
 * FOTON: Caillon et al., ECAI 2025 (arXiv 2512.20668), the authors' released default run config (config.yaml).
 * PEPITA: Srinivasan et al., ICLR 2024, the authors' code (github.com/ravifrancesco/PEPITA).
-* FA, DFA: no setting published with the FOTON paper's table; the project default, to be tuned.
+* FA, DFA and the sign-symmetric rules (usf, brsf, frsf): no setting published with the FOTON paper's table
+  (Liao et al. 2016 train with batch normalisation and SGD, Xiao et al. 2018 on ImageNet ResNets): the project
+  default, Adam 1e-3; on the zoo's GPT backprop's setting.
 * measured: this project's runs (BENCHMARKS.md), where no paper states a setting.
 """
 
@@ -30,7 +32,7 @@ import dataclasses
 
 from trainers.run.config import SHARED_SETTINGS
 
-__all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHARED_SETTINGS"]
+__all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHARED_SETTINGS", "FEEDBACK_FAMILY"]
 
 
 LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet", "convnet")
@@ -43,6 +45,9 @@ FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668, released code, co
 PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (github.com/ravifrancesco/PEPITA)"
 FEEDBACK_DEFAULT = ("project default (Adam 1e-3, batch 64): the FOTON paper reports FA and DFA without their settings; "
                     "compare.py --tune searches around it")
+FEEDBACK_FAMILY = ("fa", "usf", "brsf", "frsf", "dfa")
+FEEDBACK_GPT = ("backprop's GPT setting (Highway-BP paper, Table 4): no FA-family setting for GPT-2 is published; "
+                "the feedback's scale (scale=weight) is what keeps the gradient at backprop's size (BENCHMARKS.md)")
 MEASURED = "measured: the project default (Adam 1e-3, batch 64; BENCHMARKS.md default comparison), no paper setting"
 
 
@@ -92,7 +97,9 @@ RECIPES: list[Recipe] = [
     Recipe("pepita", (), _same(PEPITA_CODE, optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=0.0, batch_size=64),
            _same(PEPITA_CODE, variant="iclr2024", feedback_scale=0.05)),
     *(Recipe(t, (), _same(FEEDBACK_DEFAULT, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64))
-      for t in ("fa", "dfa")),
+      for t in FEEDBACK_FAMILY),
+    *(Recipe(t, ("gpt",), _same(FEEDBACK_GPT, optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_size=128,
+                                clip_grad_norm=1.0)) for t in FEEDBACK_FAMILY),
     Recipe("backprop", (), _ADAM_1E3),
 ]
 

@@ -44,7 +44,7 @@ from trainers.experiments.verdict import (
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.trainer import eval_subset
 
-__all__ = ["write_summary", "summary_table", "verdict_lines", "time_to_target_table", "timing_table",
+__all__ = ["write_summary", "summary_table", "alignment_table", "verdict_lines", "time_to_target_table", "timing_table",
            "settings_table", "failure_notes", "model_text", "mean_std", "disagreement_lines", "pivot_table"]
 
 
@@ -123,6 +123,31 @@ def summary_table(results: dict[str, list[dict]], metric: str, reference: str | 
             f"| {f'{statistics.mean(cos):.4f}' if cos else 'n/a'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+ALIGNMENT = "engine/alignment_deg/"  # the FA family's angle between each layer's feedback and its forward weight
+
+
+def alignment_table(results: dict[str, list[dict]]) -> str:
+    """Markdown: per run that logged the FA family's alignment angles, the angle between each covered layer's
+    feedback B and its forward weight W (degrees; 90: unrelated, 0: B a positive multiple of W) at the first
+    and the last logged step, mean over the layers and seeds, and the layer furthest from W at the end;
+    "" when no run logged them. Falling angles mean W aligns to B, the phenomenon FA relies on."""
+    lines = []
+    for run, seeds in results.items():
+        logged = [[h for h in r["history"] if any(k.startswith(ALIGNMENT) for k in h)] for r in seeds]
+        logged = [h for h in logged if h]
+        if not logged:
+            continue
+        first = [v for h in logged for k, v in h[0].items() if k.startswith(ALIGNMENT)]
+        last = {k[len(ALIGNMENT):]: v for h in logged for k, v in h[-1].items() if k.startswith(ALIGNMENT)}
+        worst = max(last, key=last.get)
+        lines.append(f"| {run} | {len(last)} | {statistics.mean(first):.1f} | {statistics.mean(last.values()):.1f} "
+                     f"| {worst} ({last[worst]:.1f}) |")
+    if not lines:
+        return ""
+    return ("| run | layers | angle B-W, first logged step (mean, deg) | last logged step | largest at the end |\n"
+            "|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 class _Horizon(NamedTuple):
@@ -491,6 +516,12 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
             + "\n".join(verdict) + "\n\n"
             + ("\n".join(disagree) + "\n\n" if disagree else ""))
     parts.append(f"## Results\n\n{table}\n")
+    aligned = alignment_table(results)
+    if aligned:
+        parts.append("## Alignment of the feedback with the forward weights\n\nPer covered layer, the angle between "
+                     "the feedback B of the logged step and the forward weight W it stands for (TensorBoard: "
+                     f"{ALIGNMENT}<layer>; per-layer gradient cosines against backprop: grad/cosine/<parameter>).\n\n"
+                     f"{aligned}\n")
     if reference in results:
         target = (comparison or {}).get("target")
         if target is None:

@@ -1,0 +1,256 @@
+"""The feedback-alignment family: the sign-symmetric rules against their definitions (float64, two steps, a
+weight whose sign flips between them), the feedback's scale, DFA's one projection against separate
+projections, and the alignment angles in the event file."""
+
+import math
+
+import pytest
+import torch
+from helpers import cosine, relative
+from helpers import engine_grads as grads
+from torch import nn
+
+import models
+import tasks
+import trainers
+from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from trainers.engines.feedback_layers import covered_layers
+
+SIGNED = ("usf", "brsf", "frsf")
+
+
+def mlp(depth=3, width=5):
+    torch.manual_seed(0)
+    return models.build("mlp", in_features=6, out_features=3, depth=depth, width=width, activation="tanh").double()
+
+
+def batch():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(16, 6, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
+
+
+def fa_by_hand(model, B, x, y):
+    """FA on a 3-layer tanh MLP with feedback B_2, B_3: e = softmax - onehot, delta_2 = (e B_3) * tanh',
+    delta_1 = (delta_2 B_2) * tanh', G_l = delta_l^T h_{l-1} / n."""
+    W = [layer.weight for layer in model.layers]
+    b = [layer.bias for layer in model.layers]
+    h1 = torch.tanh(x @ W[0].T + b[0])
+    h2 = torch.tanh(h1 @ W[1].T + b[1])
+    e = torch.softmax(h2 @ W[2].T + b[2], 1) - nn.functional.one_hot(y, 3).double()
+    d2 = (e @ B[1]) * (1 - h2**2)
+    d1 = (d2 @ B[0]) * (1 - h1**2)
+    n = len(x)
+    return {"layers.0.weight": d1.T @ x / n, "layers.0.bias": d1.mean(0), "layers.1.weight": d2.T @ h1 / n,
+            "layers.1.bias": d2.mean(0), "layers.2.weight": e.T @ h2 / n, "layers.2.bias": e.mean(0)}
+
+
+def used(engine, path):
+    """The B_2, B_3 the engine says its last step applied, as it exposes them."""
+    state = engine.state_dict()
+    if path == "stack":
+        return state["feedback"]
+    return [state["layers"]["used"][name] for name in ("layers.1", "layers.2")]
+
+
+@pytest.mark.parametrize("path", ["stack", "layers"])
+@pytest.mark.parametrize("rule", SIGNED)
+def test_each_sign_rule_is_its_definition_over_two_steps_as_a_weight_flips_sign(rule, path):
+    """usf: B = sign(W) / sqrt(3 fan_in); frsf: |B| drawn once, kept; brsf: |B| drawn again each step, at most
+    1 / sqrt(fan_in); the signs are the current W's, and the gradient is FA's with that B, written by hand."""
+    model, (x, y) = mlp(), batch()
+    engine = trainers.build_engine(rule, feedback_seed=3, path=path, scale="fan_in")
+    grads(model, engine, x, y)
+    first = [B.clone() for B in used(engine, path)]
+    with torch.no_grad():  # the update that flips two of W_2's signs and one of W_3's
+        model.layers[1].weight[0, 0] *= -1
+        model.layers[1].weight[3, 2] *= -1
+        model.layers[2].weight[1, 4] *= -1
+    got = grads(model, engine, x, y)
+    second = used(engine, path)
+    weights = [model.layers[1].weight.detach(), model.layers[2].weight.detach()]
+    for B1, B, W in zip(first, second, weights, strict=True):
+        fan_in = W.shape[1]
+        assert B.shape == W.shape and B.dtype == torch.float64
+        assert torch.equal(torch.sign(B), torch.sign(W))  # the signs of this step's W
+        assert (torch.sign(B) != torch.sign(B1)).sum() == (1 if W.shape[0] == 3 else 2)
+        if rule == "usf":
+            torch.testing.assert_close(B, torch.sign(W) / math.sqrt(3 * fan_in), rtol=1e-15, atol=0)
+        elif rule == "frsf":
+            assert torch.equal(B.abs(), B1.abs())  # fixed magnitudes
+            assert B.abs().max() <= 1 / math.sqrt(fan_in) and len(B.abs().unique()) == B.numel()
+        else:
+            assert not torch.equal(B.abs(), B1.abs())  # drawn again at this step
+            assert B.abs().max() <= 1 / math.sqrt(fan_in) and B.abs().min() > 0
+    expected = fa_by_hand(model, second, x, y)
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-12, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("rule", SIGNED)
+def test_sign_feedback_is_neither_backprop_nor_fa(rule):
+    model, (x, y) = mlp(), batch()
+    mine = grads(model, trainers.build_engine(rule), x, y)
+    exact = grads(model, trainers.build_engine("backprop"), x, y)
+    fa = grads(model, trainers.build_engine("fa"), x, y)
+    torch.testing.assert_close(mine["layers.2.weight"], exact["layers.2.weight"], rtol=1e-12, atol=1e-14)
+    for other in (exact, fa):
+        assert relative(mine["layers.0.weight"], other["layers.0.weight"]) > 1e-2
+    if rule == "usf":  # sign-concordant: the hidden layer's gradient points near backprop's (fixed draws: > 0.5)
+        assert cosine(mine["layers.1.weight"], exact["layers.1.weight"]) > 0.5
+
+
+def test_frsf_keeps_its_magnitudes_in_the_checkpoint_and_brsf_its_step():
+    model, (x, y) = mlp(), batch()
+    for rule in ("frsf", "brsf"):
+        engine = trainers.build_engine(rule, feedback_seed=4)
+        grads(model, engine, x, y)
+        grads(model, engine, x, y)
+        after = grads(model, engine, x, y)
+        restored = trainers.build_engine(rule, feedback_seed=4)  # as a resume builds it, from the run's options
+        state = engine.state_dict()
+        restored.load_state_dict(state)
+        mine, theirs = grads(model, engine, x, y), grads(model, restored, x, y)
+        assert all(torch.equal(g, theirs[n]) for n, g in mine.items())  # the next step is the same on both
+        # frsf repeats its step on the same weights; brsf draws other magnitudes
+        assert torch.equal(after["layers.0.weight"], mine["layers.0.weight"]) == (rule == "frsf")
+
+
+def test_sign_rules_refuse_an_orthogonal_convolution_in_one_line():
+    model = models.build("ortho_convnet", in_features=64, out_features=10)
+    with pytest.raises(trainers.IncompatibleModelError, match="signs are not the map's"):
+        trainers.build_engine("usf").check(model)
+    trainers.build_engine("fa").check(model)
+
+
+def test_usf_on_the_layer_path_is_the_stack_path():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    stack = models.layer_stack(net)
+    x, y = batch()
+    expected = grads(stack, trainers.build_engine("usf", path="stack"), x, y, cross_entropy_loss)
+    got = grads(stack, trainers.build_engine("usf", path="layers"), x, y, cross_entropy_loss)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+# ---- the feedback's scale ------------------------------------------------------------------------------------
+
+
+def test_the_feedback_scale_measured_on_a_gpt2_layer():
+    """GPT-2 draws its weights N(0, 0.02): scale=weight gives B that rms, the fan-in draw ~3.6 times more (the
+    factor that compounds through FA's layers), glorot BioTorch's sqrt(2 / (fan_in + fan_out))."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=64, n_layer=1, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double()
+    x = torch.randint(0, 50, (2, 8))
+    name = "transformer.h.0.mlp.c_fc"  # Conv1D, W stored (in 64, out 256)
+    W = model.get_submodule(name).weight.detach()
+
+    def rms(rule, scale):
+        engine = trainers.build_engine(rule, scale=scale, path="layers")
+        grads(model, engine, x, x, sequence_cross_entropy)
+        B = engine.state_dict()["layers"]["used"][name]
+        assert B.shape == W.shape
+        return B.pow(2).mean().sqrt().item()
+
+    w = W.pow(2).mean().sqrt().item()
+    assert 0.019 < w < 0.021
+    assert rms("usf", "weight") == pytest.approx(w, rel=1e-12)
+    assert rms("fa", "weight") == pytest.approx(w, rel=0.05)  # a draw of 16384 entries
+    assert rms("frsf", "weight") == pytest.approx(w, rel=0.05)
+    assert rms("usf", "glorot") == pytest.approx(math.sqrt(2 / (256 + 64)), rel=1e-12)
+    assert rms("fa", "fan_in") == pytest.approx(1 / math.sqrt(3 * 64), rel=0.05)
+    assert rms("fa", "fan_in") > 3 * w
+
+
+# ---- DFA's one projection ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slices", ["shared", "disjoint"])
+def test_dfa_one_projection_is_the_separate_projections_with_the_same_matrices_on_the_stack(slices):
+    model = mlp(depth=4, width=5)
+    x, y = batch()
+    one = trainers.build_engine("dfa", slices=slices, scale="weight", feedback_seed=2)
+    got = grads(model, one, x, y)
+    D = [m.clone() for m in one.matrices()]
+    assert [m.shape for m in D] == [(3, 5)] * 3
+    if slices == "shared":  # the same columns of one matrix, each layer at its own scale
+        for m in D[1:]:
+            assert cosine(m, D[0]) == pytest.approx(1, abs=1e-12) and not torch.equal(m, D[0])
+    else:
+        assert all(abs(cosine(m, D[0])) < 0.9 for m in D[1:])
+    separate = trainers.build_engine("dfa")
+    separate.load_state_dict({"feedback": D})
+    expected = grads(model, separate, x, y)
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-12, atol=1e-14, msg=name)
+
+
+class _Widths(nn.Module):
+    """Layers of three input widths on a (B, T, d) sequence, an LM-like (B, T, C) output."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.out = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(3, 6), nn.Linear(6, 5)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.out(torch.tanh(self.c(torch.tanh(self.b(h)))) + h)
+
+
+@pytest.mark.parametrize("slices", ["shared", "disjoint"])
+def test_dfa_one_projection_is_the_separate_projections_with_the_same_matrices_on_the_layer_path(slices):
+    torch.manual_seed(0)
+    model = _Widths().double()
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 7, 4, generator=gen, dtype=torch.float64), torch.randint(0, 5, (4, 7), generator=gen)
+    one = trainers.build_engine("dfa", slices=slices, scale="glorot")
+    got = grads(model, one, x, y, sequence_cross_entropy)
+    names = [n for n, _ in covered_layers(model) if n != "a"]  # a reads the data
+    D = {n: one.layers.matrix(n).clone() for n in names}
+    assert {n: tuple(m.shape) for n, m in D.items()} == {"b": (5, 6), "c": (5, 3), "out": (5, 6)}
+    first = {n: m[:, :3] / m[:, :3].norm() for n, m in D.items()}  # the first 3 columns, without the scale
+    if slices == "shared":
+        assert all(torch.allclose(first[n], first["b"], rtol=1e-12, atol=1e-15) for n in names)
+    else:
+        assert not any(torch.allclose(first[n], first["b"], rtol=1e-3) for n in ("c", "out"))
+    separate = trainers.build_engine("dfa", path="layers")
+    separate.layers.feedback.update(D)
+    expected = grads(model, separate, x, y, sequence_cross_entropy)
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-12, atol=1e-14, msg=name)
+
+
+# ---- alignment in TensorBoard --------------------------------------------------------------------------------
+
+
+def test_alignment_angles_are_logged_to_tensorboard_and_the_summary(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainers.experiments.summary import alignment_table
+
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=64, out_features=10, depth=3, width=16)
+    engine = trainers.build_engine("usf")
+    trainer = trainers.Trainer(model, engine, tasks.build("digits"), progress=False, batch_size=32,
+                               logdir=tmp_path / "run", log_every=1, grad_agreement_every=2)
+    trainer.fit(steps=4)
+    last = engine.alignment()
+    assert sorted(last) == ["layers.1", "layers.2"]
+    for name, B, W in zip(last, engine.matrices(), [model.layers[1].weight, model.layers[2].weight], strict=True):
+        cos = (B.flatten() @ W.detach().flatten()) / (B.norm() * W.norm())
+        assert last[name] == pytest.approx(math.degrees(math.acos(cos.item())), abs=1e-3)
+        assert 0 < last[name] < 90  # sign-concordant feedback never points against W
+    acc = EventAccumulator(str(trainer.run_dir))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    for name in last:
+        events = acc.Scalars(f"engine/alignment_deg/{name}")
+        assert len(events) == 4
+        assert events[-1].value == pytest.approx(last[name], abs=1e-3)
+    assert "grad/cosine/layers.1.weight" in tags  # beside the per-layer gradient cosine against backprop
+    table = alignment_table({"usf": [{"history": trainer.history}]})
+    assert "| usf | 2 |" in table
