@@ -1,5 +1,6 @@
-"""Feedback alignment (FA) and direct feedback alignment (DFA): backprop's error
-path with fixed random matrices in place of the transposed forward weights.
+"""The feedback-alignment family (FA, its sign-symmetric rules usf, brsf, frsf) and direct
+feedback alignment (DFA): backprop's error path with other matrices in place of the
+transposed forward weights.
 
 On a layer stack (``trainers.core.protocols.LayerStack``), ``a_l = A_l h_{l-1} + b_l``,
 ``h_l = act(drop_l(a_l))``, ``y = A_L h_{L-1} + b_L``, with ``e = dloss/dy`` per
@@ -22,18 +23,28 @@ with ``B_l = A_l``), applied as ``A_l``'s adjoint would be:
   convolutions): a fixed copy of the module with a random ``weight``, whose
   adjoint is applied (a random orthogonal convolution).
 
+What B_l is, given the layer's current weight, is the engine's rule
+(``trainers.engines.feedback_rules``): ``fa`` a fixed random B; ``usf``, ``brsf``,
+``frsf`` the sign-symmetric rules of Liao, Leibo & Poggio (2016), B = (uniform,
+batchwise random or fixed random magnitudes) o sign(W_l), the sign read at every
+step; the option ``scale`` sets each layer's rms (the fan-in draw, BioTorch's
+Glorot factor, or the rms of the layer's own weight). The sign rules refuse the
+zoo's orthogonal convolutions (their map is a function of the kernel, whose signs
+are not the map's).
+
 ``D_l`` is a ``d_L x (features of a_l)`` matrix: the output error projected to
 each hidden layer's output shape, convolutional or dense (with one hidden
-layer, DFA with ``D_1 = W_2`` is backprop). ``dh_l/da_l`` (activation and
+layer, DFA with ``D_1 = W_2`` is backprop). The ``D_l`` are slices of one random
+matrix D (d_L x width), scaled per layer: e D is computed once per step and each
+layer reads its columns (``slices=shared``: the first ones, Launay et al. 2020;
+``disjoint``: its own, as separate matrices would be). ``dh_l/da_l`` (activation and
 dropout mask) is one local autograd call per layer; the weight gradients of a
 convolution are one local VJP (``write_layer_grads``); nothing is
 differentiated through the network. The random tensors are drawn once, at the
-first step, from the engine's own generator (``feedback_seed``):
-``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with the fan-in of the map they replace
-(FA: ``A_l``'s, i.e. the input width or ``C_in k^2``; DFA: ``d_L``), never
-trained, and saved in checkpoints. These are the usual baselines of
-forward-learning papers (the FOTON paper's results table reports both beside
-PEPITA).
+first step, from the engine's own generator (``feedback_seed``; brsf draws its
+magnitudes again at every step from (seed, layer, step)), never trained, and
+saved in checkpoints. FA and DFA are the usual baselines of forward-learning
+papers (the FOTON paper's results table reports both beside PEPITA).
 
 Any other model (a ResNet, a Transformer of transformers or timm, a user's
 module) takes the layer path (``trainers.engines.feedback_layers``): every

@@ -30,10 +30,12 @@ float64 model). Covered: nn.Linear, zero-padded nn.Conv2d, transformers' Conv1D 
 W (in, out): 8 of GPT-2's 9 projections); ``padding="same"`` where both sides get as much. Parameters
 of other modules (embeddings, norms) get
 autograd's gradient of the error that reaches them; a weight tied to a covered layer (GPT-2's
-lm_head is wte) gets the sum of both uses. Random tensors: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-with the fan-in of the map they replace (FA: the layer's input width or C_in k^2 / groups; DFA:
-d_y), each drawn when first needed from a generator seeded by (feedback_seed, the layer's index
-among the covered layers), never trained, saved in checkpoints.
+lm_head is wte) gets the sum of both uses. B is the engine's rule of the weight the call uses
+(``trainers.engines.feedback_rules``: fa, usf, brsf, frsf), at the rms its ``scale`` gives, each
+drawn when first needed from a generator seeded by (feedback_seed, the layer's index among the
+covered layers), never trained, saved in checkpoints. DFA's D of every layer is a slice of one
+random matrix per layout of the error (per position, per sample), so that the error is projected
+once per step (``LocalFeedback``).
 
 A covered layer whose forward makes no such call (Falcon's ``x @ W.T + b``) runs as that function
 written out on its stored weight, where the self-check finds it equal to the layer's forward.
