@@ -86,6 +86,25 @@ def test_each_sign_rule_is_its_definition_over_two_steps_as_a_weight_flips_sign(
         torch.testing.assert_close(got[name], g, rtol=1e-12, atol=1e-14, msg=name)
 
 
+@pytest.mark.parametrize("path", ["stack", "layers"])
+@pytest.mark.parametrize("rule", ["fa", *SIGNED])
+def test_the_weight_scale_is_read_once_at_the_first_draw(rule, path):
+    """scale=weight: B's rms is W's when first drawn and stays so while W grows (fixed feedback, not W's size)."""
+    model, (x, y) = mlp(), batch()
+    engine = trainers.build_engine(rule, scale="weight", path=path)
+    rms = [layer.weight.detach().pow(2).mean().sqrt().item() for layer in model.layers[1:]]
+    grads(model, engine, x, y)
+    first = [B.pow(2).mean().sqrt().item() for B in used(engine, path)]
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.weight.mul_(3.0)
+    grads(model, engine, x, y)
+    second = [B.pow(2).mean().sqrt().item() for B in used(engine, path)]
+    tolerance = 1e-12 if rule == "usf" else 0.35  # a draw of 25 or 15 magnitudes has its own rms
+    assert first == pytest.approx(rms, rel=tolerance)
+    assert second == pytest.approx(first, rel=1e-12 if rule != "brsf" else 0.35)
+
+
 @pytest.mark.parametrize("rule", SIGNED)
 def test_sign_feedback_is_neither_backprop_nor_fa(rule):
     model, (x, y) = mlp(), batch()

@@ -209,8 +209,9 @@ class _RandomFeedback(GradientEngine):
         """Whether the stack path's tensors exist for these shapes (moved to ``e``'s device and dtype)."""
         self._layers = list(model.layers)
         shapes = self.feedback_shapes(self._layers, hidden, e.shape[1])
-        if self.feedback is None or [tuple(f.shape) for f in self.feedback] != [s for s, _ in shapes]:
-            return False
+        if self.feedback is None or len(self.feedback) != len(shapes) or any(
+                f.dim() and tuple(f.shape) != shape for f, (shape, _) in zip(self.feedback, shapes, strict=True)):
+            return False  # (a scalar kept, usf's r and brsf's a, fits any shape)
         if any(f.dtype != e.dtype or f.device != e.device for f in self.feedback):
             self.feedback = [f.to(e) for f in self.feedback]
         return True
@@ -264,6 +265,11 @@ class _RandomFeedback(GradientEngine):
 class FeedbackAlignment(_RandomFeedback):
     """FA (module docstring): delta_l = (B_{l+1}^T delta_{l+1}) * dh_l/da_l, B_l of the kind and shape of A_l;
     what B is given W: ``rule`` (``trainers.engines.feedback_rules``); the sign-symmetric rules below."""
+
+    @dataclasses.dataclass
+    class Options(_RandomFeedback.Options):
+        scale: Scale = option("weight", _SCALE_HELP + "; default weight: on GPT-2 (N(0, 0.02) weights) the fan-in "
+                                                      "draw is 3.6x the weights and FA diverges (BENCHMARKS.md)")
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -380,6 +386,8 @@ class DirectFeedbackAlignment(_RandomFeedback):
 
     @dataclasses.dataclass
     class Options(_RandomFeedback.Options):
+        scale: Scale = option("fan_in", _SCALE_HELP + "; default fan_in (DFA's error is projected, not chained: "
+                                                      "no factor compounds; GPT-2: 647 against 667 perplexity)")
         slices: Literal["shared", "disjoint"] = option(
             "shared", "each layer's D: the first columns of one random matrix (shared, Launay et al. 2020), or "
                       "its own columns of it (disjoint: a matrix per layer); one projection per step either way")
