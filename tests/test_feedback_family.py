@@ -273,3 +273,23 @@ def test_alignment_angles_are_logged_to_tensorboard_and_the_summary(tmp_path):
     assert "grad/cosine/layers.1.weight" in tags  # beside the per-layer gradient cosine against backprop
     table = alignment_table({"usf": [{"history": trainer.history}]})
     assert "| usf | 2 |" in table
+
+
+def test_the_family_compares_on_a_transformers_model_with_its_alignment_in_the_summary(tmp_path):
+    """compare.py --trainers fa,usf,brsf,frsf,dfa on transformers' GPT-2 (the layer path): every run finishes,
+    and summary.md gives the four chained rules' angles (DFA's D has no forward weight of its shape)."""
+    pytest.importorskip("transformers")
+    from trainers.cli import compare_main
+
+    logdir = tmp_path / "runs"
+    assert compare_main(["--model", "transformers:GPT2LMHeadModel", "--model-option", "n_layer=1",
+                         "--model-option", "n_embd=8", "--model-option", "n_head=2", "--task", "reverse",
+                         "--trainers", "fa,usf,brsf,frsf,dfa", "--steps", "3", "--seeds", "0", "--logdir",
+                         str(logdir), "--progress", "false", "--timing-rounds", "5", "--log-every", "1"]) == 0
+    summary = (logdir / "compare-reverse" / "summary.md").read_text()
+    aligned = summary.split("## Alignment of the feedback with the forward weights")[1].split("##")[0]
+    rows = [line.split("|")[1].strip() for line in aligned.splitlines() if line.startswith("| ") and "run" not in line]
+    assert sorted(rows) == ["brsf", "fa", "frsf", "usf"]
+    angles = {line.split("|")[1].strip(): float(line.split("|")[4]) for line in aligned.splitlines()
+              if line.startswith("| ") and "run" not in line}
+    assert angles["usf"] < 60 < angles["fa"]  # sign-concordant feedback stays near W; random feedback near 90

@@ -228,6 +228,9 @@ RUNS = [
         COMPARE + " --trainers backprop"),
     Run("tune-grid", r"\.venv/bin/python scripts/compare\.py --trainers foton .*--tune ",
         tuned("compare-digits", 8, "foton"), COMPARE + " --depth 4"),
+    # "The feedback-alignment family"
+    Run("family", r"\.venv/bin/python scripts/compare\.py --trainers backprop,fa,usf,brsf,frsf,dfa$",
+        comparison("compare-digits", "backprop", "fa", "usf", "brsf", "frsf", "dfa"), COMPARE),
     # "Using it": one directory, as a user would run them one after the other
     Run("using", r"\.venv/bin/python scripts/train\.py --trainer backprop --model mlp --task digits ",
         trained("backprop"), TRAIN),
@@ -274,7 +277,7 @@ SKIPPED = {
     r"\.venv/bin/python scripts/compare\.py$": (
         "the default comparison, run with its default trainers and seeds (2 epochs, 5 timing rounds) by "
         "tests/test_cli.py::"
-        "test_default_compare_writes_runs_tags_table_and_png, which checks its five trainers, summary.md and figure"),
+        "test_default_compare_writes_runs_tags_table_and_png, which checks its eight trainers, summary.md and figure"),
     r"\.venv-timm/bin/python ": "needs .venv-timm (timm is not installed beside the project's torch)",
     r"\.venv/bin/tensorboard ": "a server that runs until it is stopped",
     r"\.venv/bin/python scripts/bench\.py --suite overhead$": (
