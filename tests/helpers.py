@@ -187,3 +187,10 @@ class TimedBackprop(Backprop):
     def compute_grads(self, *args):
         self.clock.now += self.seconds
         return super().compute_grads(*args)
+
+
+def one_line_error(capsys) -> str:
+    """The command's stderr, asserted to be one ``error: ...`` line."""
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err

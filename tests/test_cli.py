@@ -289,8 +289,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
 def test_compare_names_its_experiment_after_the_task(tmp_path):
     assert compare_main(["--trainers", "backprop", "--task", "teacher", "--steps", "1", "--seeds", "0",
                          "--logdir", str(tmp_path), "--progress", "false"]) == 0
-    assert (tmp_path / "compare-teacher" / "summary.md").exists()
-    assert not (tmp_path / "compare-digits").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["compare-teacher-backprop"]  # trainers/cli/names.py
+    assert (tmp_path / "compare-teacher-backprop" / "summary.md").exists()
 
 
 def test_round_robin_ratios_survive_a_burst_of_load():

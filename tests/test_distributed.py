@@ -85,7 +85,7 @@ def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, fla
     proc = torchrun(COMPARE, *flags, *QUIET, "--batch-size", 8, "--logdir", tmp_path / "two")
     assert proc.stdout.count("| run | seeds |") == 1  # rank 0 prints the table, rank 1 nothing
     assert compare_main([*flags, *QUIET, "--batch-size", "16", "--logdir", str(tmp_path / "one")]) == 0
-    experiment = "compare-copy" if "copy" in flags else "compare-digits"
+    experiment, = (p.name for p in (tmp_path / "one").iterdir() if p.is_dir())  # the same default name on 2 ranks
     for engine in engines:
         two, one = (tmp_path / side / experiment / engine / "seed0" for side in ("two", "one"))
         assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
@@ -209,7 +209,7 @@ def test_two_machines_meet_at_a_rendezvous_endpoint(tmp_path):
     """The README's multi-node command, both 'machines' on loopback: torchrun --nnodes 2 with a c10d
     rendezvous, one process each, trains the weights of one process with the same global batch."""
     endpoint = f"127.0.0.1:{_free_port()}"
-    flags = ["--task", "teacher", "--steps", "4", "--eval-every", "2", *QUIET]
+    flags = ["--task", "teacher", "--steps", "4", "--eval-every", "2", "--experiment", "e", *QUIET]
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test", TRAIN, *flags,
             "--batch-size", "8", "--logdir", str(tmp_path / "two")]
@@ -219,7 +219,7 @@ def test_two_machines_meet_at_a_rendezvous_endpoint(tmp_path):
         err = ended(proc, "a torchrun node")
         assert proc.returncode == 0, err[-2000:]
     assert train_main([*flags, "--batch-size", "16", "--logdir", str(tmp_path / "one")]) == 0
-    two, one = (tmp_path / side / "train" / "backprop" / "seed0" for side in ("two", "one"))
+    two, one = (tmp_path / side / "e" / "backprop" / "seed0" for side in ("two", "one"))
     assert torch.load(two / "checkpoint.pt", weights_only=False)["world_size"] == 2
     assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
     assert_same_records(records(two), records(one))

@@ -55,7 +55,7 @@ def test_a_single_train_run_keeps_steps_on_its_axis(tmp_path):
 
     assert train_main(["--steps", "4", "--log-every", "2", "--eval-every", "2", "--progress", "false", "--depth", "2",
                        "--width", "8", "--logdir", str(tmp_path)]) == 0
-    assert scalar_steps(tmp_path / "train" / "backprop" / "seed0", "train/loss") == [2, 4]
+    assert scalar_steps(tmp_path / "train-mlp-depth=2-width=8-digits" / "backprop" / "seed0", "train/loss") == [2, 4]
 
 
 class FakeClock:

@@ -286,7 +286,8 @@ def test_the_family_compares_on_a_transformers_model_with_its_alignment_in_the_s
                          "--model-option", "n_embd=8", "--model-option", "n_head=2", "--task", "reverse",
                          "--trainers", "fa,usf,brsf,frsf,dfa", "--steps", "3", "--seeds", "0", "--logdir",
                          str(logdir), "--progress", "false", "--timing-rounds", "5", "--log-every", "1"]) == 0
-    summary = (logdir / "compare-reverse" / "summary.md").read_text()
+    experiment = "compare-GPT2LMHeadModel-n_embd=8-n_head=2-n_layer=1-reverse-fa+usf+brsf+frsf+dfa"
+    summary = (logdir / experiment / "summary.md").read_text()
     aligned = summary.split("## Alignment of the feedback with the forward weights")[1].split("##")[0]
     rows = [line.split("|")[1].strip() for line in aligned.splitlines() if line.startswith("| ") and "run" not in line]
     assert sorted(rows) == ["brsf", "fa", "frsf", "usf"]

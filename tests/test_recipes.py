@@ -13,7 +13,8 @@ from trainers.experiments.recipes import RECIPES, recipe_for
 from trainers.experiments.summary import failure_notes, settings_table
 from trainers.run.config import TrainConfig
 
-QUICK = ["--steps", "4", "--eval-every", "2", "--seeds", "0", "--grad-agreement-every", "0", "--progress", "false"]
+QUICK = ["--experiment", "compare-digits",
+         "--steps", "4", "--eval-every", "2", "--seeds", "0", "--grad-agreement-every", "0", "--progress", "false"]
 
 
 def result(root, run, seed=0, experiment="compare-digits"):
@@ -60,7 +61,7 @@ def test_compare_uses_each_recipe_and_flags_override_it(tmp_path):
     assert "| pepita | sgd | 0.01 | 0.9 | 0 | 64 |" in summary and "Srinivasan" in summary
 
     flags = ["--lr", "0.05", "--pepita-feedback-scale", "0.1", "--batch-size", "32"]
-    assert compare_main(["--trainers", "pepita", "--logdir", str(root), "--experiment", "o", *QUICK, *flags]) == 0
+    assert compare_main(["--trainers", "pepita", "--logdir", str(root), *QUICK, *flags, "--experiment", "o"]) == 0
     over = result(root, "pepita", experiment="o")
     assert (over["config"]["lr"], over["config"]["batch_size"], over["config"]["momentum"]) == (0.05, 32, 0.9)
     assert over["engine"]["pepita.feedback_scale"] == 0.1 and over["engine"]["pepita.variant"] == "iclr2024"

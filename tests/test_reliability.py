@@ -5,23 +5,21 @@ import json
 import os
 
 import pytest
+from helpers import one_line_error
 
 from trainers.cli import compare_main, train_main
 
 QUICK = ["--depth", "2", "--width", "8", "--steps", "2", "--progress", "false"]
+TRAINED = "train-mlp-depth=2-width=8-digits"  # train.py's default experiment with QUICK (trainers/cli/names.py)
+COMPARED = "compare-depth=2-width=8-digits-backprop"  # compare.py's, with QUICK and --trainers backprop
 
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_a_lock_link_planted_in_a_run_directory_is_refused_and_its_target_kept(tmp_path, capsys, resume):
     outside = tmp_path / "precious.txt"
     outside.write_text("nineteen bytes here")
-    run = tmp_path / "runs" / "train" / "backprop" / "seed0"
+    run = tmp_path / "runs" / TRAINED / "backprop" / "seed0"
     run.mkdir(parents=True)
     os.symlink(outside, run / ".lock")
     code = train_main([*QUICK, "--logdir", str(tmp_path / "runs"), *(["--resume"] if resume else [])])
@@ -34,14 +32,14 @@ def test_a_lock_link_planted_in_a_run_directory_is_refused_and_its_target_kept(t
 def test_compare_into_an_existing_experiment_refuses_without_overwrite(tmp_path, capsys):
     flags = [*QUICK, "--trainers", "backprop,fa", "--seeds", "0", "--timing-rounds", "5", "--logdir", str(tmp_path)]
     assert compare_main(flags) == 0
-    first = (tmp_path / "compare-digits" / "backprop" / "seed0" / "result.json").read_text()
+    first = (tmp_path / (COMPARED + "+fa") / "backprop" / "seed0" / "result.json").read_text()
     capsys.readouterr()
     assert compare_main([*flags, "--lr", "0.01"]) == 2
     err = one_line_error(capsys)
     assert "already holds a run" in err and "--overwrite" in err and "--resume" in err
-    assert (tmp_path / "compare-digits" / "backprop" / "seed0" / "result.json").read_text() == first
+    assert (tmp_path / (COMPARED + "+fa") / "backprop" / "seed0" / "result.json").read_text() == first
     assert compare_main([*flags, "--lr", "0.01", "--overwrite"]) == 0  # asked for: replaced
-    assert (tmp_path / "compare-digits" / "backprop" / "seed0" / "result.json").read_text() != first
+    assert (tmp_path / (COMPARED + "+fa") / "backprop" / "seed0" / "result.json").read_text() != first
 
 
 @pytest.mark.parametrize("grid, expected", [
@@ -63,7 +61,7 @@ def test_a_bad_tuning_grid_value_is_refused_before_any_trial(tmp_path, capsys, g
 def test_a_damaged_metrics_file_on_resume_keeps_the_finished_runs_result(tmp_path, capsys, damage):
     flags = [*QUICK[:4], "--progress", "false", "--log-every", "1", "--logdir", str(tmp_path)]
     assert train_main([*flags, "--steps", "3"]) == 0
-    run = tmp_path / "train" / "backprop" / "seed0"
+    run = tmp_path / TRAINED / "backprop" / "seed0"
     result = (run / "result.json").read_text()
     metrics = run / "metrics.jsonl"
     if damage == "a damaged line":
@@ -131,7 +129,7 @@ def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys):
 
     planted = {}
     for i, damage in enumerate(DAMAGED):
-        folder = tmp_path / "compare-digits" / f"planted{i}" / "seed0"
+        folder = tmp_path / COMPARED / f"planted{i}" / "seed0"
         folder.mkdir(parents=True)
         (folder / "result.json").write_bytes(DAMAGED[damage])
         (folder / "failed.json").write_bytes(DAMAGED[damage])
@@ -142,12 +140,12 @@ def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys):
     for damage, folder in planted.items():
         assert err.count(f"{folder / 'result.json'} is damaged") == 1, damage
         assert f"{folder / 'failed.json'} is damaged" in err, damage
-    summary = (tmp_path / "compare-digits" / "summary.md").read_text()
+    summary = (tmp_path / COMPARED / "summary.md").read_text()
     assert "| backprop | 1 |" in summary and "planted" not in summary
-    assert train_main([*QUICK, "--logdir", str(tmp_path), "--experiment", "compare-digits", "--run-name", "solo"]) == 0
+    assert train_main([*QUICK, "--logdir", str(tmp_path), "--experiment", COMPARED, "--run-name", "solo"]) == 0
     assert table_main([str(tmp_path)]) == 0
     out, err = capsys.readouterr()
-    assert "| compare-digits |" in out and "backprop" in out and "solo" in out
+    assert f"| {COMPARED} |" in out and "backprop" in out and "solo" in out
     assert all(f"{folder / 'result.json'} is damaged" in err for folder in planted.values())
 
 
@@ -177,9 +175,9 @@ def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsy
 
     assert compare_main([*QUICK, "--trainers", "backprop", "--seeds", "0", "--timing-rounds", "5",
                          "--run-name", "group/bp", "--logdir", str(tmp_path)]) == 0
-    summary = (tmp_path / "compare-digits" / "summary.md").read_text()
+    summary = (tmp_path / COMPARED / "summary.md").read_text()
     assert "| group/bp | 1 |" in summary  # a run name with a '/' keeps its row
-    result = tmp_path / "compare-digits" / "group" / "bp" / "seed0" / "result.json"
+    result = tmp_path / COMPARED / "group" / "bp" / "seed0" / "result.json"
     record = json.loads(result.read_text())
     result.write_text(json.dumps({**record, "test": None}))
     capsys.readouterr()
@@ -219,7 +217,7 @@ def test_a_damaged_checkpoint_is_one_line_and_nothing_trains(tmp_path, capsys, d
 
     flags = [*QUICK[:4], "--progress", "false", "--logdir", str(tmp_path)]
     assert train_main([*flags, "--steps", "2", "--checkpoint-every", "1"]) == 0
-    run = tmp_path / "train" / "backprop" / "seed0"
+    run = tmp_path / TRAINED / "backprop" / "seed0"
     state = load_checkpoint(run / "checkpoint.pt")
     (run / "checkpoint.pt").unlink()
     (run / "checkpoint.prev.pt").unlink()
@@ -319,7 +317,7 @@ def test_a_failing_user_model_is_one_line_and_the_run_directory_stays_rerunnable
     assert train_main(flags) == code
     err = one_line_error(capsys)
     assert expected in err, err
-    run = tmp_path / "runs" / "train" / "backprop" / "seed0"
+    run = tmp_path / "runs" / TRAINED / "backprop" / "seed0"
     if run.exists():  # a failure during training: the same command may run again, no --overwrite needed
         assert train_main(flags) == code
         assert "already holds a run" not in one_line_error(capsys)

@@ -63,7 +63,7 @@ def test_tune_picks_the_best_validation_setting_and_never_reads_test(tmp_path, m
                          "--tune-grid", "lr=1e-6,0.3,1e9", "--logdir", str(root), "--orthogonal", "bjorck",
                          *QUICK])
     assert code == 0
-    exp = root / "compare-digits"
+    exp = root / "compare-depth=2-width=16-digits-sgd-backprop+foton-tuned"  # names.py; bjorck: the default
     for trainer in ("backprop", "foton"):
         record = read(exp / "tuning" / trainer / "tuning.json")
         assert record["budget"] == 3 and record["seed"] == 0
@@ -93,4 +93,4 @@ def test_tune_grid_without_tune_is_refused(tmp_path, capsys):
     assert compare_main(["--trainers", "backprop", "--tune-grid", "lr=1e-3", "--logdir", str(tmp_path), *QUICK]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tune" in err
-    assert not (tmp_path / "compare-digits").exists()
+    assert not list(tmp_path.iterdir())

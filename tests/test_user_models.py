@@ -141,7 +141,7 @@ def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, ca
     logdir = tmp_path / "runs"
     assert compare_main(["--model", f"{user_file}:Net", "--steps", "5", "--seeds", "0", "--logdir", str(logdir),
                          "--progress", "false"]) == 0
-    experiment = logdir / "compare-digits"
+    experiment = logdir / "compare-Net-digits"
     family = ["backprop", "brsf", "dfa", "fa", "frsf", "usf"]
     assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == family
     assert (experiment / "summary.md").exists() and (experiment / "comparison.png").exists()

@@ -15,6 +15,7 @@ from trainers.cli.args import (
     trainer_runs,
     trainers_for,
 )
+from trainers.cli.names import default_experiment
 from trainers.cli.process import run_cli
 from trainers.core.errors import (
     ConfigError,
@@ -23,12 +24,12 @@ from trainers.core.errors import (
 from trainers.core.options import options_from_args
 from trainers.core.threads import set_threads
 from trainers.experiments.budget import BUDGETS, reference_trainer
-from trainers.experiments.compare import run_comparison
+from trainers.experiments.compare import refuse_taken, run_comparison
 from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 from trainers.run.config import TrainConfig
 from trainers.run.rundir import note
 
-__all__ = ["compare_main", "DEFAULT_COMPARISON"]
+__all__ = ["compare_main", "compare_parser", "model_given", "DEFAULT_COMPARISON"]
 
 
 # The comparison ``scripts/compare.py`` runs with no arguments (under a minute on 2 CPU cores);
@@ -40,9 +41,9 @@ DEFAULT_COMPARISON = dict(
 )
 
 
-def compare_main(argv=None, prog: str | None = None) -> int:
-    """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+def compare_parser(argv: list[str], prog: str | None = None):
+    """The flags of ``compare``, with the default comparison's defaults (its model's only without ``--model`` in
+    ``argv``)."""
     parser = base_parser("Train several gradient engines on the same model, task and seeds; "
                          "write TensorBoard runs, summary.md and comparison.png. "
                          "With no arguments, runs the default comparison on digits.", prog)
@@ -51,7 +52,9 @@ def compare_main(argv=None, prog: str | None = None) -> int:
                              "may carry its options, NAME:OPTION=VALUE (e.g. highway:k=1,highway:k=4: runs "
                              "highway-k1 and highway-k4)")
     parser.add_argument("--seeds", help="comma list of seeds")
-    parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task>)")
+    parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task> for the "
+                                              "default model, compare-<model>-<task>, and what else makes the "
+                                              "experiment different, trainers/cli/names.py)")
     add_settings_flag(parser, default="recipe")
     group = parser.add_argument_group("equal compute (trainers/experiments/budget.py, step_timing.py)")
     group.add_argument("--budget", choices=BUDGETS, default="samples",
@@ -77,10 +80,20 @@ def compare_main(argv=None, prog: str | None = None) -> int:
                             "as TRAINER.OPTION, e.g. --tune-grid foton.temperature=1,4,8; the budget per trainer "
                             "is the product of the dimensions")
     group.add_argument("--tune-seed", type=int, default=None, help="seed of the trials (default: the first seed)")
-    model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
     parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
-                           if not (model_given and k.startswith("model"))})
+                           if not (model_given(argv) and k.startswith("model"))})
     parser.set_defaults(log_axis="samples")  # TensorBoard's step: samples seen, so batch sizes overlay
+    return parser
+
+
+def model_given(argv: list[str]) -> bool:
+    return any(a == "--model" or a.startswith("--model=") for a in argv)
+
+
+def compare_main(argv=None, prog: str | None = None) -> int:
+    """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = compare_parser(argv, prog)
     args = parser.parse_args(argv)
 
     def main():
@@ -100,7 +113,8 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         else:
             runs = trainer_runs(args.trainers)
         names = list(runs)
-        experiment = args.experiment or f"compare-{args.task}"
+        experiment = args.experiment or default_experiment(
+            "compare", args, parser, name_model=model_given(argv), trainers=None if args.trainers is None else names)
         if args.run_name is not None and len(names) != 1:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
         if args.tune_grid and not args.tune:
@@ -112,6 +126,8 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         reference_trainer(names, args.reference)  # an unknown reference fails before any work
         if args.tune and any(options for _, options in runs.values()):
             raise ConfigError("--tune searches each trainer's settings; list trainers without options with it")
+        if args.tune and not (args.resume or args.overwrite):  # before the first trial, not after all of them
+            refuse_taken(args.logdir, experiment, [args.run_name or n for n in names], seeds)
         tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
         out = run_comparison(lambda t, s: build_from_args(args, runs[t][0], s, args.settings, tuned.get(t),
                                                           runs[t][1]), names, seeds,

@@ -11,6 +11,7 @@ from trainers.cli.args import (
     join_job,
     other_trainer_flags,
 )
+from trainers.cli.names import default_experiment, default_run_name
 from trainers.cli.process import run_cli
 from trainers.core.options import options_from_args
 from trainers.core.registry import available
@@ -20,16 +21,24 @@ from trainers.run.hparams import write_experiment_config
 from trainers.run.rundir import note
 from trainers.run.trainer import Trainer
 
-__all__ = ["train_main"]
+__all__ = ["train_main", "train_parser"]
+
+
+def train_parser(prog: str | None = None):
+    """The flags of ``train``."""
+    parser = base_parser("Train a zoo model (or your own, --model FILE.py:CLASS) on a task with one gradient engine.",
+                         prog)
+    parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
+    parser.add_argument("--experiment", default=None,
+                        help="experiment folder under --logdir (default: train-<model>-<task> and what else makes "
+                             "the experiment different, trainers/cli/names.py)")
+    add_settings_flag(parser, default="shared")
+    return parser
 
 
 def train_main(argv=None, prog: str | None = None) -> int:
     """``scripts/train.py``: train one model with one trainer."""
-    parser = base_parser("Train a zoo model (or your own, --model FILE.py:CLASS) on a task with one gradient engine.",
-                         prog)
-    parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
-    parser.add_argument("--experiment", default="train", help="experiment folder under --logdir (default: train)")
-    add_settings_flag(parser, default="shared")
+    parser = train_parser(prog)
     args = parser.parse_args(argv)
 
     def main():
@@ -42,14 +51,16 @@ def train_main(argv=None, prog: str | None = None) -> int:
         if unused and here.is_main:
             note(f"{', '.join(unused)} {'is an option' if len(unused) == 1 else 'are options'} of another trainer, "
                  f"unused by '{args.trainer}'")
+        experiment = args.experiment or default_experiment("train", args, parser)
         trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=args.logdir,
-                          experiment=args.experiment, run_name=args.run_name, overwrite=args.overwrite,
+                          experiment=experiment, run_name=args.run_name or default_run_name(args, args.trainer),
+                          overwrite=args.overwrite,
                           meta=setup.meta, settings=setup.settings)
         report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
                              allow_changes=list(options_from_args(args, TrainConfig)))
         if here.is_main:
             if not trainer.finished_before:
-                write_experiment_config(Path(args.logdir) / args.experiment)
+                write_experiment_config(Path(args.logdir) / experiment)
             print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
 
     return run_cli(main)

@@ -113,6 +113,7 @@ _PYTHON_SPELLING = {
     "resume": "fit(resume=True)",
     "overwrite": "Trainer(..., overwrite=True)",
     "run_name": "Trainer(..., run_name=...)",
+    "experiment": "Trainer(..., experiment=...)",
 }
 
 

@@ -32,7 +32,19 @@ from trainers.run.hparams import write_experiment_config
 from trainers.run.rundir import RunDirectory, run_path
 from trainers.run.trainer import Trainer
 
-__all__ = ["run_comparison", "compatible"]
+__all__ = ["run_comparison", "refuse_taken", "compatible"]
+
+
+def refuse_taken(logdir, experiment: str, runs: list[str], seeds: list[int]) -> None:
+    """Refuse (one line naming every way on) a comparison whose run folders already hold a run: called before
+    anything trains, also before ``--tune``'s trials."""
+    for run in runs:
+        for seed in seeds:
+            path = run_path(logdir, experiment, run, seed)
+            if RunDirectory(path).holds_run():
+                raise ConfigError(f"{path} already holds a run; {spell('resume')} continues the comparison, "
+                                  f"another {spell('experiment')} (or {spell('run_name')}, with one trainer) starts "
+                                  f"a new one beside it, {spell('overwrite')} replaces its runs")
 
 
 def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, experiment: str,
@@ -71,11 +83,7 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     setups = {(t, s): build(t, s) for t in trainers for s in seeds}
     out_dir = Path(logdir) / experiment
     if not (resume or overwrite):  # nothing finished is replaced, and the refusal comes before any training
-        for t, s in setups:
-            path = run_path(logdir, experiment, run_name or t, s)
-            if RunDirectory(path).holds_run():
-                raise ConfigError(f"{path} already holds a run; {spell('resume')} continues the comparison, "
-                                  f"{spell('overwrite')} replaces its runs, or choose another {spell('experiment')}")
+        refuse_taken(logdir, experiment, [run_name or t for t in trainers], seeds)
     here = DataParallel()
     first = setups[(ref, seeds[0])].config
     speak = first.progress and here.is_main

@@ -163,7 +163,8 @@ class RunDirectory:
             if self.holds_run():
                 note(f"{self.path} has no checkpoint yet (the run stopped before its first one); starting it afresh")
         elif self.holds_run() and not overwrite:
-            raise ConfigError(f"{self.path} already holds a run; {spell('resume')} continues it, "
+            raise ConfigError(f"{self.path} already holds a run; {spell('resume')} continues it, another "
+                              f"{spell('run_name')} or {spell('experiment')} starts a new run beside it, "
                               f"{spell('overwrite')} replaces it")
         self.clear()
         return "fresh", None

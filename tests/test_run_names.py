@@ -1,0 +1,103 @@
+"""Default run folders (trainers/cli/names.py, issue 42): different experiments never share one, the same command
+(or its --resume) always finds its own, and a taken folder is refused before anything trains, --tune's trials
+included, with every way on named."""
+
+import pytest
+from helpers import one_line_error
+
+from trainers.cli import compare_main, train_main
+from trainers.cli.compare import compare_parser, model_given
+from trainers.cli.names import MAX_NAME, default_experiment, default_run_name
+from trainers.cli.train import train_parser
+
+
+def train_folder(*argv: str) -> str:
+    args = train_parser().parse_args(list(argv))
+    return f"{default_experiment('train', args, train_parser())}/{default_run_name(args, args.trainer)}"
+
+
+def compare_folder(*argv: str) -> str:
+    from trainers.cli.args import trainer_runs
+
+    parser = compare_parser(list(argv))
+    args = parser.parse_args(list(argv))
+    return default_experiment("compare", args, parser, name_model=model_given(list(argv)),
+                              trainers=None if args.trainers is None else list(trainer_runs(args.trainers)))
+
+
+def test_train_names_the_model_task_and_trainer_with_what_a_resume_cannot_change():
+    assert train_folder() == "train-mlp-digits/backprop"
+    assert train_folder("--model", "my_models.py:Net", "--model-option", "hidden=128") == \
+        "train-Net-hidden=128-digits/backprop"
+    assert train_folder("--model", "torch.nn:Linear") == "train-Linear-digits/backprop"
+    assert train_folder("--trainer", "highway", "--highway-k", "2", "--model", "resnet", "--depth", "20") == \
+        "train-resnet-depth=20-digits/highway-k2"
+    assert train_folder("--task", "copy", "--task-option", "length=5", "--task-option", "delay=20") == \
+        "train-mlp-copy-delay=20-length=5/backprop"
+    assert train_folder("--optimizer", "sgd", "--dtype", "float64") == "train-mlp-digits-sgd-float64/backprop"
+    # the order of the flags does not matter: the same experiment
+    assert train_folder("--width", "8", "--depth", "2") == train_folder("--depth", "2", "--width", "8") == \
+        "train-mlp-depth=2-width=8-digits/backprop"
+    # what a resume may change is not in the name, so that the resume finds the run
+    assert train_folder("--lr", "0.1", "--batch-size", "32", "--epochs", "3", "--steps", "9") == train_folder()
+
+
+def test_compare_names_its_default_model_apart_from_an_explicit_one():
+    assert compare_folder() == "compare-digits"
+    assert compare_folder("--tune") == "compare-digits-tuned"
+    assert compare_folder("--depth", "32", "--trainers", "foton", "--optimizer", "adam", "--tune") == \
+        "compare-depth=32-digits-adam-foton-tuned"
+    assert compare_folder("--depth", "4") == "compare-digits"  # the default comparison's own depth
+    # --model mlp drops the default comparison's orthogonal depth-4 MLP: another model, another folder
+    assert compare_folder("--model", "mlp") == "compare-mlp-digits"
+    assert compare_folder("--trainers", "backprop,highway:k=2") == "compare-digits-backprop+highway-k2"
+    assert compare_folder("--settings", "shared") == "compare-digits-shared"
+
+
+def test_a_long_name_stays_within_the_limit_and_stable():
+    options = [w for i in range(40) for w in ("--model-option", f"option_{i}={i * 1000}")]
+    name = compare_folder("--model", "transformers:GPT2LMHeadModel", *options)
+    assert len(name) == MAX_NAME and name.startswith("compare-GPT2LMHeadModel-option_0=0-")
+    assert name == compare_folder("--model", "transformers:GPT2LMHeadModel", *options)
+    assert name != compare_folder("--model", "transformers:GPT2LMHeadModel", *options[:-1], "option_39=1")
+    assert compare_folder("--task-option", "path=../../etc") == "compare-digits-path=.._.._etc"  # stays inside
+
+
+QUICK = ["--depth", "2", "--width", "8", "--steps", "2", "--progress", "false", "--seeds", "0", "--timing-rounds", "5"]
+
+
+def test_train_refuses_its_own_taken_folder_and_names_every_way_on(tmp_path, capsys):
+    flags = ["--depth", "2", "--width", "8", "--steps", "2", "--progress", "false", "--logdir", str(tmp_path)]
+    assert train_main(flags) == 0
+    assert train_main([*flags, "--model", "residual_mlp"]) == 0  # another model: its own folder
+    capsys.readouterr()
+    assert train_main(flags) == 2
+    assert one_line_error(capsys) == (
+        f"error: {tmp_path}/train-mlp-depth=2-width=8-digits/backprop/seed0 already holds a run; --resume continues "
+        f"it, another --run-name or --experiment starts a new run beside it, --overwrite replaces it\n")
+    assert train_main([*flags, "--steps", "3", "--resume"]) == 0
+
+
+def test_tune_is_refused_before_its_first_trial_when_the_comparison_folder_is_taken(tmp_path, capsys, monkeypatch):
+    from trainers.cli import compare
+
+    flags = [*QUICK, "--trainers", "backprop", "--tune", "--tune-grid", "lr=1e-3,1e-2", "--logdir", str(tmp_path)]
+    assert compare_main(flags) == 0
+    capsys.readouterr()
+
+    def no_trial(*args, **kwargs):
+        raise AssertionError("a tuning trial ran although the comparison's folder is taken")
+
+    monkeypatch.setattr(compare, "tune_trainer", no_trial)
+    assert compare_main(flags) == 2
+    assert one_line_error(capsys) == (
+        f"error: {tmp_path}/compare-depth=2-width=8-digits-backprop-tuned/backprop/seed0 already holds a run; "
+        f"--resume continues the comparison, another --experiment (or --run-name, with one trainer) starts a new one "
+        f"beside it, --overwrite replaces its runs\n")
+
+
+@pytest.mark.parametrize("argv", [["--experiment", "../up"], ["--run-name", "/abs"]])
+def test_explicit_names_still_stay_inside_the_logdir(tmp_path, capsys, argv):
+    assert train_main(["--steps", "1", "--progress", "false", "--logdir", str(tmp_path / "runs"), *argv]) == 2
+    assert "must be a relative path inside the log directory" in one_line_error(capsys)
+    assert not (tmp_path / "runs").exists()
