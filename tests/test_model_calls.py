@@ -7,6 +7,7 @@ each trains from a file; every refusal is one line."""
 
 import dataclasses
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -201,7 +202,7 @@ def test_a_logits_loss_model_gets_its_targets_and_its_own_loss_on_request():
 def test_a_model_loss_that_cannot_be_compared_with_the_tasks_is_one_line():
     model = models.declare_call(gpt(), loss="model")
     x, y = batch(ignore=-1)  # nanoGPT's ignore index, which the task's loss (-100) reads as a class
-    with pytest.raises(models.ModelConfigError, match="the task's loss, which it must equal, cannot be computed") \
+    with pytest.raises(models.ModelConfigError, match="the task's loss, which it is compared with, cannot be") \
             as info:
         grads(model, trainers.build_engine("backprop"), x, y)
     assert "\n" not in str(info.value)
@@ -250,7 +251,8 @@ def test_a_model_loss_against_shifted_labels_is_refused_in_one_line(scale):
     with pytest.raises(models.ModelConfigError) as info:
         trainers.build_engine("backprop").compute_grads(model, x, y, sequence_cross_entropy)
     message = str(info.value)
-    assert "is not the task's loss" in message and "targets=labels+shift_labels" in message and "\n" not in message
+    assert "is the task's loss against targets shifted once more" in message and "\n" not in message
+    assert "targets=labels+shift_labels" in message
     assert all(p.grad is None for p in model.parameters())  # refused before any gradient is written
 
 
@@ -264,6 +266,67 @@ def test_a_model_loss_given_unshifted_targets_is_the_tasks_and_trains_as_backpro
     model.seen.clear()
     with pytest.raises(models.ModelConfigError):  # the same model and call without shift_labels
         grads(models.declare_call(model, loss="model", targets="labels"), trainers.build_engine("backprop"), x, y)
+
+
+class AuxiliaryLM(ShiftingLM):
+    """A model whose own loss is its cross-entropy plus an auxiliary term that does not read the logits (a
+    mixture-of-experts router's load-balancing loss, here a penalty on the embedding): a loss that differs from
+    the task's on purpose. ``shift``: its labels are shifted inside too (the double shift, auxiliary term and all)."""
+
+    def __init__(self, shift=False):
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, tokens, labels=None, shift_labels=None):
+        out = super().forward(tokens, labels, None if self.shift else labels if shift_labels is None else shift_labels)
+        if out["loss"] is not None:
+            out["loss"] = out["loss"] + 0.3 * self.embed.weight.pow(2).mean()
+        return out
+
+
+def test_a_models_own_loss_with_an_auxiliary_term_trains_as_autograd_of_that_loss():
+    torch.manual_seed(0)
+    model = models.declare_call(AuxiliaryLM().double(), loss="model")
+    x, y = batch()
+    own = model(x, labels=y)["loss"]
+    exact = autograd_grads(model, own)
+    task = autograd_grads(model, sequence_cross_entropy(model(x)["logits"], y))
+    assert relative(exact, task) > 1e-2  # the auxiliary term moves the gradient: a contrast
+    got = grads(model, trainers.build_engine("backprop"), x, y)
+    assert relative(got, exact) < 1e-12
+    difference = models.adapters.calling.own_loss_difference(model)
+    assert difference.startswith(f"the model's own loss is {float(own):.6g} where the task's loss of its outputs is ")
+    apart = float(re.search(r"its gradient at the outputs (\S+) relative apart", difference)[1])
+    assert apart < 1e-6  # the auxiliary term does not read the logits (float32 rounding of the model's loss only)
+    models.declare_call(model, loss="own")  # declared to differ: nothing to say
+    assert_same(grads(model, trainers.build_engine("backprop"), x, y), exact, tol=1e-12)
+    assert models.adapters.calling.own_loss_difference(model) is None
+
+
+def test_the_double_shift_under_an_auxiliary_term_is_still_refused():
+    torch.manual_seed(0)
+    model = models.declare_call(AuxiliaryLM(shift=True).double(), loss="own")  # even declared to differ
+    x, y = batch()
+    with pytest.raises(models.ModelConfigError, match="shifted once more"):
+        grads(model, trainers.build_engine("backprop"), x, y)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_trainer_says_how_far_a_models_own_loss_is_in_one_line(capsys):
+    import tasks
+
+    task = tasks.build("copy", n_train=16, n_val=8, n_test=8, delay=2, length=3)
+    vocab = task.num_outputs
+    model = models.declare_call(AuxiliaryLM().double(), loss="model")
+    tokens = int(task.train.inputs.max()) + 1
+    model.embed, model.head = nn.Embedding(tokens, E).double(), nn.Linear(E, vocab).double()
+    trainers.Trainer(model, trainers.build_engine("backprop"), task, dtype="float64")
+    notes = [line for line in capsys.readouterr().err.splitlines() if "loss=model" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: loss=model: the model's own loss is ")
+    assert "declare_call(model, loss='own') declares that it differs" in notes[0]
+    models.declare_call(model, loss="own")
+    trainers.Trainer(model, trainers.build_engine("backprop"), task, dtype="float64")
+    assert "loss=model" not in capsys.readouterr().err
 
 
 def test_float32_rounding_of_a_models_own_loss_is_accepted():

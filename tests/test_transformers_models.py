@@ -104,6 +104,52 @@ def test_the_trainer_refuses_the_double_shift_before_training(tmp_path):
     trainers.Trainer(model, trainers.build_engine("backprop"), task)  # accepted
 
 
+def mixtral(eager=True):
+    """A mixture-of-experts causal LM whose own loss adds its router's load-balancing term (issue 42)."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=V, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                        num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.5,
+                                        max_position_embeddings=16, experts_implementation="eager")
+    return transformers.MixtralForCausalLM(config).double()  # eager experts: grouped_mm has no float64
+
+
+def test_a_mixture_of_experts_trains_on_its_own_loss_router_term_included():
+    model = mixtral()
+    x, y = lm_batch()
+    out = model(x, labels=y.contiguous(), shift_labels=y.contiguous())
+    task = autograd_grads(model, sequence_cross_entropy(model(x).logits, y))
+    exact = autograd_grads(model, out.loss)
+    assert out.aux_loss > 0 and relative(exact, task) > 1e-3  # the router's term: a contrast
+    models.declare_call(model, loss="model", targets="labels+shift_labels")
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, sequence_cross_entropy), exact) < 1e-12
+    assert models.adapters.calling.own_loss_difference(model).startswith(
+        f"the model's own loss is {float(out.loss):.6g} where the task's loss of its outputs is "
+        f"{float(sequence_cross_entropy(out.logits, y)):.6g}")
+    shifted_twice = models.declare_call(mixtral(), loss="model")  # labels=targets: the double shift, router and all
+    with pytest.raises(models.ModelConfigError, match="the task's loss against targets shifted once more"):
+        engine_grads(shifted_twice, trainers.build_engine("backprop"), x, y, sequence_cross_entropy)
+
+
+def test_a_mixture_of_experts_by_name_trains_on_its_own_loss_from_the_command_line(tmp_path, capsys):
+    moe = ["--model", "transformers:MixtralForCausalLM", "--task", "ptb-word", "--data-dir",
+           str(write_tiny_ptb(tmp_path)), "--task-option", f"seq_len={T}",
+           "--model-option", "output_router_logits=True",
+           *(w for o in ("hidden_size=8", "intermediate_size=16", "num_hidden_layers=1", "num_attention_heads=2",
+                         "num_key_value_heads=1", "num_local_experts=4", "num_experts_per_tok=2")
+             for w in ("--model-option", o))]
+    own = ["--model-call", "loss=model", "--model-call", "targets=labels+shift_labels"]
+    assert cli(*moe, *own, tmp_path=tmp_path) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: loss=model")]
+    assert len(notes) == 1 and "--model-call loss=own declares that it differs" in notes[0]
+    assert cli(*moe, *own, "--model-call", "loss=own", "--run-name", "own", tmp_path=tmp_path) == 0
+    assert "note: loss=model" not in capsys.readouterr().err
+    assert cli(*moe, "--model-call", "loss=model", "--run-name", "twice", tmp_path=tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: model call: loss=model, but the model's own loss")
+    assert "shifted once more" in err[-1]
+
+
 def test_bert_for_sequence_classification_own_loss_is_the_tasks():
     model = bert()
     x = lm_batch()[0]

@@ -32,13 +32,15 @@ Highway-BP over time) it uses the loss the model returns (the tuple's 0-d tensor
 after the output, or ``loss`` of a dict or object) instead of the task's loss of
 the output; engines that need the output error itself (FOTON, PEPITA, FA, DFA,
 Highway-BP on a residual stack) and every evaluation use the task's loss.
-The model's loss must BE the task's loss: on its first use it is compared with the
-task's loss of the same outputs, in value and in its gradient at the outputs, and a
-difference is refused in one line (``check_own_loss``). The case this catches: a
-causal LM of transformers shifts ``labels`` itself, and the task's targets are
-already the next tokens, so it would train on the token after next (at
-initialisation the loss differs by only ~1e-3 relative; its gradient at the
-outputs by ~1.4). ``targets="labels+shift_labels"`` passes the targets under both
+On its first use the model's loss is compared with the task's loss of the same
+outputs, in value and in its gradient at the outputs (``check_own_loss``): the
+double shift is refused in one line, any other difference (an auxiliary term, as
+a mixture-of-experts router's; smoothing; a regulariser) is legitimate and kept
+for a note (``own_loss_difference``; ``loss="own"`` declares it, no note). The
+double shift: a causal LM of transformers shifts ``labels`` itself, and the
+task's targets are already the next tokens, so it would train on the token
+after next (at initialisation the loss differs by only ~1e-3 relative; its
+gradient at the outputs by ~1.4). ``targets="labels+shift_labels"`` passes the targets under both
 keywords: transformers' causal-LM loss then scores every position against the
 targets as given (passing the inputs as ``labels`` would score T - 1 positions).
 ``layout="time_first"``: the model takes (T, B, ...) inputs; the call transposes
@@ -57,12 +59,12 @@ from torch import nn
 from models.errors import ModelConfigError, one_line
 
 __all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "check_own_loss", "model_call",
-           "describe", "passes_state", "read_output", "CALL_KEYS"]
+           "describe", "passes_state", "read_output", "own_loss_difference", "CALL_KEYS"]
 
 TARGET_NAMES = ("targets", "target", "y")  # a forward parameter of this name receives the targets
 OWN_LOSS_TARGET_NAMES = ("targets", "target", "labels", "y")  # ... and ``labels`` where the model's loss is used
 LAYOUTS = ("batch_first", "time_first")
-LOSSES = ("task", "model")
+LOSSES = ("task", "model", "own")
 CALL_KEYS = ("output", "state", "targets", "layout", "loss")
 
 
@@ -76,7 +78,8 @@ class ModelCall:
     targets: ``"auto"``, ``"no"``, or the keyword that receives the targets; ``"a+b"`` passes them under
         both (``"labels+shift_labels"``: transformers' causal LMs, unshifted).
     layout: ``"batch_first"`` or ``"time_first"``.
-    loss: ``"task"`` or ``"model"`` (the model's own loss where an engine needs only a loss).
+    loss: ``"task"``, ``"model"`` (the model's own loss where an engine needs only a loss) or ``"own"`` (the
+        same, declared to differ from the task's loss: no note of the difference).
     """
 
     output: int | str = "auto"
@@ -154,7 +157,7 @@ def _plan(model: nn.Module) -> _Plan:
     named = {p.name for p in params} | ({"*"} if any(p.kind is p.VAR_KEYWORD for p in params) else set())
     targets = call.targets
     if targets == "auto":
-        names = OWN_LOSS_TARGET_NAMES if call.loss == "model" else TARGET_NAMES
+        names = OWN_LOSS_TARGET_NAMES if call.loss != "task" else TARGET_NAMES
         targets = next((p.name for p in params if p.name in names and p.kind is not p.POSITIONAL_ONLY), "no")
     for name in targets.split("+") if targets != "no" else ():
         if name not in named and "*" not in named:
@@ -272,7 +275,7 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
         outputs = read_output(value) if call.output == "auto" else _pick(value, call.output, "output")
         if not isinstance(outputs, torch.Tensor):
             raise ModelConfigError(f"model's output {call.output!r} is a {type(outputs).__name__}, not a tensor")
-    loss = _find_loss(value, outputs) if call.loss == "model" and targets is not None else None
+    loss = _find_loss(value, outputs) if call.loss != "task" and targets is not None else None
     if time_first:
         outputs = _batch_first(outputs, inputs.shape[1], inputs.shape[0])
     return CallResult(outputs, loss)
@@ -319,53 +322,100 @@ def _batch_first(outputs: torch.Tensor, steps: int, batch: int) -> torch.Tensor:
 
 def forward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(outputs, loss)`` of one forward: the model's own loss if declared (``loss="model"``), else the task's.
-    The model's own loss is checked against the task's on its first use (``check_own_loss``)."""
+    """``(outputs, loss)`` of one forward: the model's own loss if declared (``loss="model"`` or ``"own"``), else
+    the task's. The model's own loss is checked against the task's on its first use (``check_own_loss``); how far
+    it is from it is kept for ``own_loss_difference``."""
     result = call_model(model, inputs, targets)
     if result.loss is None:
         return result.outputs, loss_fn(result.outputs, targets)
     plan = _plan(model)
     if not plan.checked:
-        check_own_loss(result.loss, result.outputs, targets, loss_fn)
-        plan.checked.append(True)
+        plan.checked.append(check_own_loss(result.loss, result.outputs, targets, loss_fn))
     return result.outputs, result.loss
+
+
+def own_loss_difference(model: nn.Module) -> str | None:
+    """How far the model's own loss was from the task's loss on its first use (``check_own_loss``'s words), or
+    None: equal, declared to differ (``loss="own"``), not used or not yet checked."""
+    plan = model.__dict__.get("_gradengines_plan")
+    if plan is None or not plan.checked or plan.call.loss != "model":
+        return None
+    return plan.checked[0]
 
 
 VALUE_RTOL = 1e-5  # float32 rounding of one cross-entropy: ~1e-7 relative; the double shift at initialisation: ~1e-3
 GRADIENT_RTOL = 1e-3  # ||d own/d y - d task/d y|| / ||d task/d y||: ~1e-6 in float32; the double shift: ~1.4
 
 
-def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-    """Refuse (one line) a model's own loss that is not the task's loss ``loss_fn(outputs, targets)``.
+def _loss_and_grad(loss_fn, outputs: torch.Tensor, targets: torch.Tensor):
+    """``(value, gradient at outputs)`` of ``loss_fn`` in float64 (the gradient None where it has none)."""
+    with torch.enable_grad():
+        probe = outputs.detach().double().requires_grad_()
+        value = loss_fn(probe, targets)
+        grad = torch.autograd.grad(value, probe)[0] if value.requires_grad else None
+    return float(value.detach()), grad
 
-    Compared in value (relative ``VALUE_RTOL``, or 16 ulp of a coarser dtype) and, where the loss is
-    computed from the returned outputs, in its gradient at them (relative ``GRADIENT_RTOL``): a loss
-    against shifted targets can be within 1e-3 of the right one in value at initialisation, but its
-    gradient at the outputs points at other tokens (relative difference ~sqrt(2))."""
+
+def _shifted_once_more(loss_fn, outputs: torch.Tensor, targets: torch.Tensor):
+    """The task's loss against targets shifted once more (position t scored against target t + 1: a causal LM
+    that shifts ``labels`` itself, given targets that are already the next tokens), as ``(value, gradient at the
+    full outputs)``; None where the outputs are not (B, T, V) token scores of (B, T) targets."""
+    if outputs.dim() != 3 or targets.dim() != 2 or targets.is_floating_point() or outputs.shape[:2] != targets.shape \
+            or targets.shape[1] < 2:
+        return None
     with torch.enable_grad():
         probe = outputs.detach().double().requires_grad_()
         try:
-            task = loss_fn(probe, targets)
-        except (RuntimeError, IndexError, ValueError) as err:  # e.g. a model's own ignore index (nanoGPT: -1)
-            raise ModelConfigError(f"model call: loss=model, but the task's loss, which it must equal, cannot be "
-                                   f"computed on these targets to compare ({one_line(err)})") from None
-        task_grad = torch.autograd.grad(task, probe)[0] if task.requires_grad else None
-    mine, theirs = float(own.detach()), float(task.detach())
-    gap = abs(mine - theirs) / max(abs(theirs), 1e-12)
+            value = loss_fn(probe[:, :-1], targets[:, 1:].contiguous())
+        except (RuntimeError, IndexError, ValueError):
+            return None
+        grad = torch.autograd.grad(value, probe)[0] if value.requires_grad else None
+    return float(value.detach()), grad
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str | None:
+    """Compare a model's own loss with the task's loss ``loss_fn(outputs, targets)`` of its outputs: refuse (one
+    line) what is known to be wrong, return how far anything else is (None: the same).
+
+    The same: in value (relative ``VALUE_RTOL``, or 16 ulp of a coarser dtype) and, where the loss is computed
+    from the returned outputs, in its gradient at them (relative ``GRADIENT_RTOL``). Refused: the double shift, a
+    loss that is the task's loss against targets shifted once more, in its gradient at the outputs (which an
+    auxiliary term that does not read them, as a mixture-of-experts router's, leaves as it is) or, with no
+    gradient to compare, in value: at initialisation it is within 1e-3 of the right loss in value, but its
+    gradient points at the token after next (relative difference ~sqrt(2)). Anything else differs legitimately
+    (an auxiliary loss, label smoothing, a regulariser): the returned words say by how much."""
+    try:
+        theirs, task_grad = _loss_and_grad(loss_fn, outputs, targets)
+    except (RuntimeError, IndexError, ValueError) as err:  # e.g. a model's own ignore index (nanoGPT: -1)
+        raise ModelConfigError(f"model call: loss=model, but the task's loss, which it is compared with, cannot be "
+                               f"computed on these targets ({one_line(err)})") from None
+    mine = float(own.detach())
     tolerance = max(VALUE_RTOL, 16 * torch.finfo(outputs.dtype).eps) if outputs.is_floating_point() else VALUE_RTOL
-    grad_gap = None
-    if own.requires_grad and outputs.requires_grad and task_grad is not None:
+    own_grad = None
+    if own.requires_grad and outputs.requires_grad:
         own_grad = torch.autograd.grad(own, outputs, retain_graph=True, allow_unused=True)[0]
-        if own_grad is not None:
-            grad_gap = float((own_grad.double() - task_grad).norm() / task_grad.norm().clamp_min(1e-300))
+    gap = abs(mine - theirs) / max(abs(theirs), 1e-12)
+    grad_gap = _relative(own_grad, task_grad) if own_grad is not None and task_grad is not None else None
     if gap <= tolerance and (grad_gap is None or grad_gap <= max(GRADIENT_RTOL, tolerance)):
-        return
-    apart = f"; its gradient at the outputs {grad_gap:.2g} relative apart" if grad_gap is not None else ""
-    raise ModelConfigError(
-        f"model call: loss=model, but the model's own loss {mine:.8g} is not the task's loss {theirs:.8g} "
-        f"of its outputs on the first batch (relative difference {gap:.2g}{apart}); the likely cause: a causal LM "
-        f"that shifts `labels` itself (transformers' *ForCausalLM) while the task's targets are already the next "
-        f"tokens, which trains on the token after next. Pass them unshifted: --model-call targets=labels+shift_labels "
-        f"(Python: models.declare_call(model, loss='model', targets='labels+shift_labels')), or use the task's loss "
-        f"(no loss=model)")
+        return None
+    shifted = _shifted_once_more(loss_fn, outputs, targets)
+    if shifted is not None:
+        value, grad = shifted
+        double = (_relative(own_grad, grad) <= max(GRADIENT_RTOL, tolerance) if own_grad is not None
+                  and grad is not None else abs(mine - value) <= tolerance * max(abs(value), 1e-12))
+        if double:
+            raise ModelConfigError(
+                f"model call: loss=model, but the model's own loss {mine:.8g} is the task's loss against targets "
+                f"shifted once more (the task's loss of its outputs: {theirs:.8g}), on the first batch: a causal LM "
+                f"that shifts `labels` itself (transformers' *ForCausalLM) while the task's targets are already the "
+                f"next tokens, which trains on the token after next. Pass them unshifted: --model-call "
+                f"targets=labels+shift_labels (Python: models.declare_call(model, loss='model', "
+                f"targets='labels+shift_labels')), or use the task's loss (no loss=model)")
+    apart = f", its gradient at the outputs {grad_gap:.2g} relative apart" if grad_gap is not None else ""
+    return (f"the model's own loss is {mine:.6g} where the task's loss of its outputs is {theirs:.6g} on the first "
+            f"batch (relative difference {gap:.2g}{apart})")

@@ -124,8 +124,9 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
                              "or object's logits), state=none|no|METHOD (default: model.init_hidden(B) when "
                              "forward requires a second argument), targets=no|KEYWORD[+KEYWORD] (default: a "
                              "parameter named targets, target or y; labels too with loss=model), "
-                             "layout=batch_first|time_first, loss=task|model (the model's own loss where an engine "
-                             "needs only a loss); models/adapters/calling.py")
+                             "layout=batch_first|time_first, loss=task|model|own (the model's own loss where an "
+                             "engine needs only a loss; own: known to differ from the task's, no note of how far); "
+                             "models/adapters/calling.py")
     parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")

@@ -3,13 +3,16 @@ in eval and in training mode, called as declared (``models.adapters.calling``); 
 
 import torch
 
-from models.adapters.calling import call_model, forward_loss, model_call, passes_state
+from models.adapters.calling import call_model, forward_loss, model_call, own_loss_difference, passes_state
 from models.adapters.calling import describe as describe_call
 from models.errors import ModelConfigError, one_line
-from trainers.core.errors import ConfigError
+from trainers.core.errors import ConfigError, on_command_line
 from trainers.core.self_check import kept
+from trainers.run.notes import note
 
 __all__ = ["check_task_model", "to_device"]
+
+OWN_IN_PYTHON = "declare_call(model, loss='own')"
 
 
 def to_device(x, device, dtype):
@@ -20,7 +23,8 @@ def to_device(x, device, dtype):
 def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     """Raise ``ConfigError`` (one line) if ``model`` cannot map the task's inputs to its outputs, in eval mode
     and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor; or if
-    its own loss, where declared (``loss="model"``), is not the task's loss of its outputs (``check_own_loss``)."""
+    its own loss, where declared (``loss="model"``), is the task's loss against targets shifted once more
+    (``check_own_loss``); a note says how far any other own loss is from the task's (none with ``loss="own"``)."""
     x = to_device(task.train.inputs[:2], device, dtype)
     targets = task.train.targets[:2].to(device)
     with kept(model):  # its modes and buffers (BatchNorm statistics) put back after
@@ -40,12 +44,19 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
             except Exception as err:  # anything a user's forward raises
                 raise ConfigError(f"model's forward failed{' in training mode' if mode else ''} on a batch of "
                                   f"task '{task.name}': {one_line(err)}{_called(model)}") from None
-        if model_call(model).loss == "model":
+        if model_call(model).loss != "task":
             model.eval()
             try:
                 forward_loss(model, x, targets, task.loss_fn)  # the first use compares it with the task's loss
             except ModelConfigError as err:
                 raise ConfigError(str(err)) from None
+            difference = own_loss_difference(model)
+            if difference is not None:
+                note(f"loss=model: {difference}; backprop, DSF, FT-BPTT and Highway-BP over time train on the "
+                     f"model's own loss (an auxiliary term, smoothing or a regulariser is its own to add), the "
+                     f"engines that need the output error and every evaluation on the task's; "
+                     f"{'--model-call loss=own' if on_command_line() else OWN_IN_PYTHON} "
+                     f"declares that it differs and drops this line")
     expected = tuple(task.expected_output_shape)
     if tuple(y.shape[1:]) != expected:
         classes = f" ({task.num_outputs} classes)" if len(expected) == 1 else ""
