@@ -86,6 +86,48 @@ def test_after_k_iterations_the_top_k_plus_one_sublayers_are_exact_on_nanogpt(pa
         assert any(not torch.allclose(got[nm], exact[nm], rtol=1e-6, atol=1e-9) for nm in below), k
 
 
+def declared_gpt(gpt, example=None):
+    return models.residual_stack(
+        gpt, stem=embed(gpt), blocks=[pair for b in gpt.transformer.h for pair in ((b.ln_1, b.attn), (b.ln_2, b.mlp))],
+        head=lambda h: gpt.lm_head(gpt.transformer.ln_f(h)), example=example)
+
+
+def test_a_stack_called_without_the_targets_its_forward_needs_gets_the_shapes_and_the_way_on():
+    """nanoGPT returns only the last position's logits without targets: the right declaration, called as
+    stack(idx), is told so with both shapes (it said "shapes differ; check their order and the norms")."""
+    gpt = nanogpt()
+    idx = torch.randint(0, V, (2, T))
+    for call in (lambda: declared_gpt(gpt)(idx), lambda: declared_gpt(gpt, example=idx)):
+        with pytest.raises(models.ModelConfigError) as err:
+            call()
+        message = str(err.value)
+        assert f"the declared head returns (2, {T}, {V})" in message and f"is (2, 1, {V})" in message
+        assert "call the stack with (inputs, targets)" in message and "example=(inputs, targets)" in message
+    assert declared_gpt(gpt)(idx, idx).shape == (2, T, V)  # with its targets, the same declaration is accepted
+
+
+def test_a_head_that_ends_at_another_output_than_the_one_read_is_told_which_was_read():
+    class TwoOutputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.block, self.head = nn.Linear(4, 5), nn.Linear(5, 5), nn.Linear(5, 3)
+
+        def forward(self, x):
+            h = self.stem(x)
+            h = h + self.block(h)
+            return {"features": h, "scores": self.head(h)}
+
+    net = models.declare_call(TwoOutputs().double(), output="features")
+    x = torch.randn(2, 4, dtype=torch.float64)
+    with pytest.raises(models.ModelConfigError) as err:
+        models.residual_stack(net, stem=net.stem, blocks=[net.block], head=net.head, example=x)
+    message = str(err.value)
+    assert "the declared head returns (2, 3)" in message and "read as output='features', is (2, 5)" in message
+    assert "--model-call output=" in message and "\n" not in message
+    models.declare_call(net, output="scores")
+    assert models.residual_stack(net, stem=net.stem, blocks=[net.block], head=net.head, example=x)(x).shape == (2, 3)
+
+
 def test_a_declaration_that_is_not_the_models_forward_is_refused_in_one_line():
     gpt = nanogpt()
     idx = torch.randint(0, V, (2, T))

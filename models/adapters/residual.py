@@ -27,12 +27,13 @@ without one it is checked on the first batch it runs. A sublayer may return a
 tuple, a dict or an object with ``logits``: its output is read as a model's is.
 """
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from models.adapters.calling import call_model, read_output
+from models.adapters.calling import TARGET_NAMES, call_model, describe, model_call, read_output
 from models.adapters.discovery import ResidualFound, discover
 from models.errors import ModelConfigError, one_line
 
@@ -106,11 +107,39 @@ def _check(view: ResidualView, model: nn.Module, inputs, targets) -> None:
                                f"({one_line(err)})") from None
     finally:
         model.train(was_training)
-    if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
-        gap = (mine - theirs).abs().max().item() if mine.shape == theirs.shape else "shapes differ"
-        raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on "
-                               f"the {'example' if view._checked is None else 'first batch'} (largest difference "
-                               f"{gap}); check their order and the norms")
+    where = "example" if view._checked is None else "first batch"
+    if mine.shape != theirs.shape:
+        raise ModelConfigError(f"residual_stack: the declared head returns {tuple(mine.shape)} on the {where} but "
+                               f"the model's output, {describe(model)} read as {_read_as(model)}, is "
+                               f"{tuple(theirs.shape)}; {_shape_cause(model, mine, theirs, targets)}")
+    if not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
+        raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on the "
+                               f"{where} (largest difference {(mine - theirs).abs().max().item():.3g}, both "
+                               f"{tuple(mine.shape)}); check their order and the norms")
+
+
+def _read_as(model: nn.Module) -> str:
+    output = model_call(model).output
+    return "its output (a tensor, a tuple's first element or logits)" if output == "auto" else f"output={output!r}"
+
+
+def _shape_cause(model: nn.Module, mine: torch.Tensor, theirs: torch.Tensor, targets) -> str:
+    """The likely cause of a declared head whose output's shape is not the model's (said in the refusal)."""
+    if targets is None and _takes_targets(model) and mine.numel() > theirs.numel():
+        return ("the likely cause: a forward that returns other outputs without targets (nanoGPT returns only the "
+                "last position's logits): call the stack with (inputs, targets), and declare it with "
+                "example=(inputs, targets), so that the model returns every position's outputs")
+    return ("the likely cause: a head that ends at another output than the one read from the model (say which the "
+            "model's is with --model-call output=INDEX|KEY|ATTRIBUTE, Python: models.declare_call(model, "
+            "output=...)), or a stem or head that leaves out or adds a step (a flatten, a pooling, a last position)")
+
+
+def _takes_targets(model: nn.Module) -> bool:
+    """Whether the model's forward has a parameter that receives the targets (``models.adapters.calling``)."""
+    try:
+        return any(name in TARGET_NAMES for name in inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return False
 
 
 def residual_stack(model: nn.Module, *, stem: Callable | None = None, blocks: Sequence | None = None,
