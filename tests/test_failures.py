@@ -18,6 +18,7 @@ from trainers.cli import base_parser, train_main
 from trainers.core.errors import ConfigError, DataError, RunBusyError
 from trainers.run import checkpoint
 from trainers.run import trainer as trainer_module
+from trainers.run.config import TrainConfig
 from trainers.run.logger import read_metrics
 from trainers.run.rundir import RunDirectory
 
@@ -77,6 +78,12 @@ BAD_VALUES = {
     ("--depth", "abc"): "argument --depth: invalid int value: 'abc' (see",
     ("--run-name", "../../x"): "--run-name must be a relative path inside the log directory",
     ("--experiment", "/tmp/elsewhere"): "--experiment must be a relative path inside the log directory",
+    # issue 42: past what the OS can take (it was a 21-line traceback), and flags that cannot apply (dropped silently)
+    ("--threads", "100000000000000000000"): "error: --threads must be at most ",
+    ("--threads", str(2**31)): "error: --threads must be at most ",
+    ("--nesterov", "true"): "error: --nesterov applies only with --optimizer sgd, and this run's optimizer is adam",
+    ("--warmup-steps", "10"): "error: --warmup-steps applies only with --schedule cosine",
+    ("--gamma", "0.5"): "error: --gamma applies only with --schedule step",
 }
 if not torch.cuda.is_available():
     BAD_VALUES[("--device", "cuda")] = "--device cuda: CUDA is not available"
@@ -87,6 +94,24 @@ def test_bad_value_is_one_line_exit_2_and_writes_nothing(flag, value, tmp_path, 
     code, err = run(capsys, *TINY, "--steps", "1", "--logdir", tmp_path / "runs", flag, value)
     assert BAD_VALUES[(flag, value)] in one_error(code, err)
     assert not (tmp_path / "runs").exists()
+
+
+def test_nesterov_without_momentum_is_refused_from_python_too():
+    with pytest.raises(ConfigError, match="nesterov is Nesterov momentum: it needs momentum > 0, got 0"):
+        TrainConfig(optimizer="sgd", momentum=0.0, nesterov=True)
+
+
+def test_a_flag_a_recipe_does_not_read_is_said_once_per_trainer(tmp_path, capsys):
+    """compare.py's recipes choose each trainer's optimizer: --momentum applies to those on SGD, and the others
+    say once that they do not read it (a flag is never dropped without a word)."""
+    from trainers.cli import compare_main
+
+    assert compare_main([*TEACHER, "--depth", "2", "--width", "8", "--trainers", "backprop,pepita", "--momentum",
+                         "0.5", "--steps", "1", "--seeds", "0", "--timing-rounds", "5", "--progress", "false",
+                         "--logdir", str(tmp_path)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--momentum" in line]
+    assert notes == ["note: --momentum is unused by 'backprop': its recipe's optimizer is adam (--momentum applies "
+                     "only with --optimizer sgd)"]
 
 
 class Reached(Exception):
@@ -479,7 +504,7 @@ def test_a_full_disk_before_the_start_is_one_line_naming_the_path_exit_2(tmp_pat
     monkeypatch.undo()
     assert one_error(code, err) == (f"error: {rdir / '.lock'}: {full}; free space on that disk, or choose another "
                                     f"--logdir")
-    assert sorted(p.name for p in rdir.iterdir()) == [".lock"]
+    assert not (tmp_path / "runs").exists()  # exit 2: nothing written, not even the lock or its folders
     monkeypatch.setattr(os, "write", write)
     with pytest.raises(OSError) as raised:  # from Python: the disk's errno and the path
         RunDirectory(rdir).acquire()

@@ -312,6 +312,11 @@ def test_every_layer_stack_engine_trains_a_users_sequential_through_the_trainer(
     (lambda nn: nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="circular"), nn.Tanh(), nn.Flatten(),
                               nn.Linear(2, 2)), "pads with 'circular'"),
     (lambda nn: nn.Linear(4, 2), "layer_stack needs an nn.Sequential, got Linear"),
+    # issue 42: accepted before, then FA, DFA and PEPITA ended in torch's shape errors
+    (lambda nn: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh(), nn.Linear(72, 2)),
+     "sequential[2] is an nn.Linear right after a convolution (and its activation); put an nn.Flatten before it"),
+    (lambda nn: nn.Sequential(nn.Flatten(), nn.Linear(4, 4), nn.Tanh(), nn.Conv2d(1, 2, 3), nn.Tanh(), nn.Flatten(),
+                              nn.Linear(2, 2)), "sequential[3] is an nn.Conv2d after a Linear layer"),
 ])
 def test_a_sequential_that_is_not_a_layer_stack_is_refused_in_one_line(build, expected):
     from torch import nn

@@ -75,6 +75,14 @@ class SequentialStack(nn.Module):
                 raise ModelConfigError(f"layer_stack: sequential[{name}] is a {type(module).__name__} where an "
                                        "nn.Linear or nn.Conv2d is expected (the stack is Linear or Conv2d, [Dropout], "
                                        "activation, ..., [Flatten], Linear)")
+            previous = linears[-1] if linears else None
+            if isinstance(module, nn.Linear) and not flatten and isinstance(previous, nn.Conv2d):
+                raise ModelConfigError(f"layer_stack: sequential[{name}] is an nn.Linear right after a convolution "
+                                       f"(and its activation); put an nn.Flatten before it, so that the "
+                                       f"convolution's (B, C, H, W) output becomes its (B, C*H*W) input")
+            if isinstance(module, nn.Conv2d) and previous is not None and not isinstance(previous, nn.Conv2d):
+                raise ModelConfigError(f"layer_stack: sequential[{name}] is an nn.Conv2d after a Linear layer; the "
+                                       f"stack's convolutions come first (Conv2d, ..., Flatten, Linear, ...)")
             if isinstance(module, nn.Conv2d) and module.padding_mode != "zeros":
                 raise ModelConfigError(f"layer_stack: sequential[{name}] pads with '{module.padding_mode}'; the "
                                        "engines' transposed convolutions assume zero padding")

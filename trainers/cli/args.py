@@ -36,6 +36,7 @@ __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_thre
 
 
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
+_SAID: set[str] = set()  # the notes of build_from_args said in this process
 
 
 MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; larger ones overflow torch's sizes
@@ -207,6 +208,16 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
     if seed is not None:
         cfg_options["seed"] = seed
     cfg = parse_options(TrainConfig, cfg_options)
+    for name, key, value in cfg.inapplicable(options_from_args(args, TrainConfig)):
+        flag, needed = f"--{name.replace('_', '-')}", f"--{key} {value}"
+        if key in given_cfg or not recipe:  # the user's own choice, or the defaults: the flag applies to nothing
+            raise ConfigError(f"{flag} applies only with {needed}, and this run's {key} is {getattr(cfg, key)}; "
+                              f"drop it or set {needed}")
+        said = f"{flag} is unused by '{trainer}': its recipe's {key} is {getattr(cfg, key)} ({flag} applies only " \
+               f"with {needed})"
+        if DataParallel().is_main and said not in _SAID:  # a comparison builds each trainer's setup several times
+            _SAID.add(said)
+            note(said)
     engine = build_engine(trainer, **{**(recipe.engine_values() if recipe else {}), **given_engine})
     for other, flags in other_trainer_flags(args, trainer).items():  # unused, but never invalid
         build_engine(other, **flags)

@@ -46,7 +46,7 @@ import torch
 
 from trainers.core.errors import ConfigError
 
-__all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "usable_cores", "busy_cores_elsewhere",
+__all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "thread_limit", "usable_cores", "busy_cores_elsewhere",
            "choose_threads", "auto_choice", "set_threads", "last_choice", "threads_for_api"]
 
 THREADS_ENV = "GRADENGINES_THREADS"
@@ -75,7 +75,30 @@ def parse_threads(text: str | int | None, source: str = "--threads") -> int | No
         count = 0
     if count < 1:
         raise ConfigError(f"{source} must be a positive number of threads or 'auto', got {text!r}")
+    limit, why = thread_limit()
+    if count > limit:
+        raise ConfigError(f"{source} must be at most {limit} ({why}), got {text}")
     return count
+
+
+def thread_limit() -> tuple[int, str]:
+    """The most threads this process could start, and where that limit comes from: the kernel's
+    ``threads-max``, the user's process limit (``ulimit -u``), and torch's C int."""
+    limits = [(2**31 - 1, "the largest count torch takes")]
+    try:
+        with open("/proc/sys/kernel/threads-max") as f:
+            limits.append((int(f.read().split()[0]), "the kernel's threads-max, /proc/sys/kernel/threads-max"))
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            limits.append((soft, "the processes and threads this user may start, ulimit -u"))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits)
 
 
 def _quota_cores(cpu_max: str) -> float | None:

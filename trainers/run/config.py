@@ -83,4 +83,17 @@ class TrainConfig:
             raise bad("clip_grad_norm", "> 0")
         if not 0 < self.gamma <= 1:
             raise bad("gamma", "in (0, 1]")
+        if self.nesterov and self.optimizer == "sgd" and self.momentum == 0:  # torch refuses it too
+            raise ConfigError(f"{spell('nesterov')} is Nesterov momentum: it needs {spell('momentum')} > 0, got 0")
         check_device(self.device)
+
+    def inapplicable(self, given) -> list[tuple[str, str, str]]:
+        """The options of ``given`` (those a user set explicitly) that this configuration does not read, each as
+        ``(option, the option it depends on, the value it needs)``: a flag is never dropped without a word."""
+        return [(name, *NEEDS[name]) for name in given
+                if name in NEEDS and getattr(self, NEEDS[name][0]) != NEEDS[name][1]]
+
+
+NEEDS = {"momentum": ("optimizer", "sgd"), "nesterov": ("optimizer", "sgd"), "warmup_steps": ("schedule", "cosine"),
+         "step_size": ("schedule", "step"), "gamma": ("schedule", "step")}
+"""Options read only under one optimizer or schedule."""

@@ -54,6 +54,15 @@ CHANGEABLE = ("lr", "momentum", "nesterov", "weight_decay", "clip_grad_norm", "w
 """Training options a resume may change from its step on, when asked explicitly (recorded)."""
 
 
+def _remove_empty(folders) -> None:
+    """Remove ``folders`` (deepest first) where they are empty: what a refused start had made."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def run_path(logdir, experiment: str, run_name: str, seed: int) -> Path:
     """``<logdir>/<experiment>/<run_name>/seed<seed>``; names are relative paths that stay inside ``logdir``."""
     for what, name in (("experiment", experiment), ("run_name", run_name)):
@@ -82,17 +91,29 @@ class RunDirectory:
     # ------------------------------------------------------------------ lock
     def acquire(self) -> None:
         """Create the directory and take its lock; ``RunBusyError`` if another process holds it, an ``OSError``
-        naming the path and what to do if the disk refuses (full, read-only, not writable)."""
+        naming the path and what to do if the disk refuses (full, read-only, not writable): then the lock and the
+        folders this call made are removed again, so that a refusal leaves nothing behind."""
+        made = [p for p in (self.path, *self.path.parents) if not p.exists()]  # deepest first
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
+            _remove_empty(made)
             raise _cannot_write(err, self.path) from None
+        lock = self.path / LOCK
+        fresh = not lock.exists()
+
+        def undo() -> None:  # what this call made, nothing else
+            if fresh:
+                lock.unlink(missing_ok=True)
+            _remove_empty(made)
+
         try:  # O_NOFOLLOW: a link planted at .lock is refused, never followed and truncated
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as err:
             if err.errno != errno.ELOOP:
-                raise _cannot_write(err, self.path / LOCK) from None
-            raise ConfigError(f"{self.path / LOCK} is a symbolic link (to {os.readlink(self.path / LOCK)}); a run's "
+                undo()
+                raise _cannot_write(err, lock) from None
+            raise ConfigError(f"{lock} is a symbolic link (to {os.readlink(lock)}); a run's "
                               f"lock must be a plain file, and nothing outside the run is written: remove the "
                               f"link") from None
         try:
@@ -104,7 +125,8 @@ class RunDirectory:
                                f"finish, or choose another {spell('run_name')}") from None
         except OSError as err:  # a file system without locks
             os.close(fd)
-            raise _cannot_write(err, self.path / LOCK) from None
+            undo()
+            raise _cannot_write(err, lock) from None
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())  # a full disk fails here first, and names no file
@@ -112,7 +134,8 @@ class RunDirectory:
                 tmp.unlink(missing_ok=True)
         except OSError as err:
             os.close(fd)  # and with it the lock: a later try in this process is not refused as busy
-            raise _cannot_write(err, self.path / LOCK) from None
+            undo()
+            raise _cannot_write(err, lock) from None
         self._lock_fd = fd
 
     def release(self) -> None:
