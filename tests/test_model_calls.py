@@ -363,7 +363,9 @@ def test_highway_on_the_logits_loss_model_is_backprop_of_its_own_loss_at_full_k(
 def test_a_declaration_checked_without_targets_sees_the_last_position_only():
     model = gpt()
     x, _ = batch()
-    with pytest.raises(models.ModelConfigError, match="do not compute the model's forward"):
+    with pytest.raises(models.ModelConfigError, match=r"the model.s output, model\(inputs\) read as .*, is "
+                                                      r"\(3, 1, 9\); the likely cause: a forward that returns other "
+                                                      r"outputs without targets"):
         gpt_stack(model, x, None)
 
 

@@ -67,7 +67,7 @@ def test_a_line_every_progress_seconds_not_every_step(task, capsys):
     assert [line.split("  eval ")[0] for line in evals[:3]] == [f"[backprop seed 0] step {s}/35" for s in (16, 32, 35)]
     assert all(line.endswith("(all 64)") for line in evals)
     assert re.match(r"^\[backprop seed 0\] step 35/35 \(100\.0%\)  loss \d+\.\d{4}  1 steps/s  elapsed 0:00:35  done$",
-                    err[err.index(evals[2]) + 1])
+                    err[-1])  # after the end-of-run evaluations: the run is done once they are
     assert "eval val (last model) accuracy" in evals[3] and "eval test (best model, step" in evals[4]
     assert len(err) == len(status) + len(evals) + 1
 
@@ -135,9 +135,9 @@ def test_bounded_evaluation_is_a_fixed_subset_and_the_report_uses_whole_splits(t
         trainer = make_trainer(task, seed=seed, eval_batches=2, eval_batch_size=8, eval_every=4, progress_seconds=1e9)
         calls, evaluate = [], trainer.evaluate
 
-        def spy(split="val", rows=None, calls=calls, evaluate=evaluate):
+        def spy(split="val", rows=None, on_batch=None, calls=calls, evaluate=evaluate):
             calls.append((split, None if rows is None else rows.clone()))
-            return evaluate(split, rows)
+            return evaluate(split, rows, on_batch)
 
         trainer.evaluate = spy
         report = trainer.fit(steps=12)
@@ -206,3 +206,85 @@ def test_train_script_prints_progress_into_a_pipe(tmp_path):
     assert any(STATUS.match(line) for line in lines), proc.stderr
     assert any(line.startswith("[backprop seed 0] step 6/6  eval val accuracy")
                and line.endswith("(1 batch of 8 of 32)") for line in lines), proc.stderr
+
+
+# ---- issue 42: every phase speaks, every interruption says what it kept ----------------------------------------
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_long_evaluation_speaks_every_progress_seconds_and_a_short_one_says_only_its_result():
+    clock, out = FakeClock(), io.StringIO()
+    progress = Progress("run seed 0", 100, initial=100, every=10.0, stream=out, clock=clock)
+    for batches in (40, 5):
+        with progress.evaluating("test", "best model, step 100") as on_batch:
+            for done in range(1, batches + 1):
+                clock.now += 1.0  # a batch a second
+                on_batch(done, batches)
+    assert out.getvalue().splitlines() == [
+        f"[run seed 0] eval test (best model, step 100): batch {b}/40  elapsed 0:00:{b}  left 0:00:{40 - b}"
+        for b in (10, 20, 30)]
+
+
+def test_on_a_terminal_an_evaluation_gets_its_own_bar_and_a_timing_round_no_nan_loss():
+    clock, out = FakeClock(), Terminal()
+    progress = Progress("run seed 0", 20, every=1.0, stream=out, clock=clock, unit="round")
+    progress.update(3)  # a timing round: nothing trained, no loss
+    with progress.evaluating("val", "last model") as on_batch:
+        on_batch(1, 2)
+        on_batch(2, 2)
+    progress.close()
+    assert "run seed 0 eval val (last model):" in out.getvalue() and "/2 [" in out.getvalue()  # its own bar
+    assert "nan" not in out.getvalue() and "[run seed 0]" not in out.getvalue()
+
+
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, trainers.core.errors.Terminated])
+def test_an_interrupt_in_the_end_of_run_evaluation_names_the_step_and_checkpoint_and_resume_finishes(
+        task, tmp_path, signal, monkeypatch):
+    trainer = make_trainer(task, logdir=tmp_path, experiment="e", progress=False)
+    real = trainer.evaluate
+
+    def interrupted(split="val", rows=None, on_batch=None):
+        if split == "test":
+            raise signal()
+        return real(split, rows, on_batch)
+
+    monkeypatch.setattr(trainer, "evaluate", interrupted)
+    with pytest.raises(trainers.core.errors.RunInterrupted) as stopped:
+        trainer.fit(steps=4)
+    run = tmp_path / "e" / "backprop" / "seed0"
+    what = "terminated (SIGTERM)" if signal is not KeyboardInterrupt else "interrupted"
+    assert str(stopped.value) == (f"{what} at step 4, in the end-of-run evaluation, the last checkpoint (step 4) is "
+                                  f"kept at {run / 'checkpoint.pt'}; fit(resume=True) evaluates it again and writes "
+                                  f"the results")
+    assert isinstance(stopped.value, trainers.core.errors.RunTerminated) == (signal is not KeyboardInterrupt)
+    assert not (run / "result.json").exists()
+    report = make_trainer(task, logdir=tmp_path, experiment="e", progress=False).fit(steps=4, resume=True)
+    assert report["steps"] == 4 and report["test"] is not None and (run / "result.json").exists()
+
+
+def test_an_interrupt_before_training_or_while_a_comparison_writes_its_summary_says_what_was_kept(
+        tmp_path, capsys, monkeypatch):
+    from trainers.cli import compare_main, train
+    from trainers.experiments import compare
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "build_from_args", interrupt)
+        assert train_main([*TEACHER, "--steps", "2", "--logdir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == ("error: interrupted while building the task and the model, before training: "
+                                       "nothing was trained or written\n")
+    flags = [*TEACHER, "--trainers", "backprop", "--steps", "2", "--seeds", "0", "--timing-rounds", "5",
+             "--progress", "false", "--logdir", str(tmp_path), "--experiment", "c"]
+    with monkeypatch.context() as patch:
+        patch.setattr(compare, "write_summary", interrupt)
+        assert compare_main(flags) == 130
+    assert capsys.readouterr().err == (f"error: interrupted while writing the summary and the figure, after every "
+                                       f"run finished (each kept in {tmp_path / 'c'}); --resume continues the "
+                                       f"comparison\n")
+    monkeypatch.setattr(compare, "plot_comparison", lambda *args, **kwargs: None)
+    assert compare_main([*flags, "--resume"]) == 0 and (tmp_path / "c" / "summary.md").exists()

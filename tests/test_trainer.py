@@ -110,7 +110,9 @@ def test_resume_equals_uninterrupted(task, tmp_path, orthogonal):
 
 def test_existing_run_needs_resume_or_overwrite(task, tmp_path):
     make_trainer(task, tmp_path).fit(steps=4)
-    advice = r"fit\(resume=True\) continues it, Trainer\(\.\.\., overwrite=True\)"
+    advice = (r"fit\(resume=True\) continues it, another Trainer\(\.\.\., run_name=\.\.\.\) or "
+              r"Trainer\(\.\.\., experiment=\.\.\.\) starts a new run beside it, Trainer\(\.\.\., overwrite=True\) "
+              r"replaces it")
     with pytest.raises(trainers.ConfigError, match=advice):
         make_trainer(task, tmp_path).fit(steps=4)  # advice in Python terms
     trainer = make_trainer(task, tmp_path, overwrite=True)

@@ -175,15 +175,16 @@ def _plan(model: nn.Module) -> _Plan:
     return plan
 
 
-def describe(model: nn.Module) -> str:
-    """How ``model`` is called, e.g. ``model(inputs, model.init_hidden(B))``, for messages."""
+def describe(model: nn.Module, targets: bool = True) -> str:
+    """How ``model`` is called, e.g. ``model(inputs, model.init_hidden(B))``, for messages (``targets=False``:
+    as called without targets)."""
     plan = _plan(model)
     args = ["inputs"]
     if plan.state == "none":
         args.append("None")
     elif plan.state is not None:
         args.append(f"model.{plan.state}(B)")
-    args.extend(f"{name}=targets" for name in plan.targets)
+    args.extend(f"{name}=targets" for name in plan.targets if targets)
     return f"model({', '.join(args)})"
 
 

@@ -109,9 +109,10 @@ def _check(view: ResidualView, model: nn.Module, inputs, targets) -> None:
         model.train(was_training)
     where = "example" if view._checked is None else "first batch"
     if mine.shape != theirs.shape:
+        called = describe(model, targets is not None)
         raise ModelConfigError(f"residual_stack: the declared head returns {tuple(mine.shape)} on the {where} but "
-                               f"the model's output, {describe(model)} read as {_read_as(model)}, is "
-                               f"{tuple(theirs.shape)}; {_shape_cause(model, mine, theirs, targets)}")
+                               f"the model's output, {called} read as {_read_as(model)}, is {tuple(theirs.shape)}; "
+                               f"{_shape_cause(model, mine, theirs, targets)}")
     if not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
         raise ModelConfigError(f"residual_stack: stem, blocks and head do not compute the model's forward on the "
                                f"{where} (largest difference {(mine - theirs).abs().max().item():.3g}, both "

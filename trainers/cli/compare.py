@@ -16,7 +16,7 @@ from trainers.cli.args import (
     trainers_for,
 )
 from trainers.cli.names import default_experiment
-from trainers.cli.process import run_cli
+from trainers.cli.process import run_cli, stage
 from trainers.core.errors import (
     ConfigError,
     NonFiniteLossError,
@@ -100,6 +100,10 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         set_threads(args.threads)
         check_run_flags(args)
         here = join_job(args)
+        with stage("while preparing the comparison, before its first run: nothing was trained"):
+            compare(here)
+
+    def compare(here):
         seeds = int_list(args.seeds, "--seeds")
         if not seeds:
             raise ConfigError("--seeds lists no seed")

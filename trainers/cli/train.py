@@ -12,7 +12,7 @@ from trainers.cli.args import (
     other_trainer_flags,
 )
 from trainers.cli.names import default_experiment, default_run_name
-from trainers.cli.process import run_cli
+from trainers.cli.process import run_cli, stage
 from trainers.core.options import options_from_args
 from trainers.core.registry import available
 from trainers.core.threads import set_threads
@@ -45,6 +45,10 @@ def train_main(argv=None, prog: str | None = None) -> int:
         set_threads(args.threads)
         check_run_flags(args)
         here = join_job(args)
+        with stage("while building the task and the model, before training: nothing was trained or written"):
+            return train(here)
+
+    def train(here):
         setup = build_from_args(args, args.trainer, settings=args.settings)
         unused = [f"--{(t + '_' + k).replace('_', '-')}" for t, flags in other_trainer_flags(args, args.trainer).items()
                   for k in flags]
@@ -57,11 +61,12 @@ def train_main(argv=None, prog: str | None = None) -> int:
                           overwrite=args.overwrite,
                           meta=setup.meta, settings=setup.settings)
         report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
-                             allow_changes=list(options_from_args(args, TrainConfig)))
-        if here.is_main:
-            if not trainer.finished_before:
-                write_experiment_config(Path(args.logdir) / experiment)
-            print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
+                             allow_changes=list(options_from_args(args, TrainConfig)))  # says what it kept
+        with stage(f"after the run finished: its results are in {trainer.run_dir}"):
+            if here.is_main:
+                if not trainer.finished_before:
+                    write_experiment_config(Path(args.logdir) / experiment)
+                print(json.dumps({"run": str(trainer.run_dir), **report}, indent=2))
 
     return run_cli(main)
 

@@ -96,6 +96,14 @@ class RunTerminated(RunInterrupted):
     """Training was stopped by SIGTERM; says what was kept (one line); exit code 143."""
 
 
+def interruption(err: KeyboardInterrupt, what: str) -> RunInterrupted:
+    """The one line of a Ctrl-C (``RunInterrupted``) or a SIGTERM (``RunTerminated``, from ``Terminated``):
+    ``"interrupted " + what`` or ``"terminated (SIGTERM) " + what``; ``what`` names the phase and what was kept."""
+    if isinstance(err, Terminated):
+        return RunTerminated(f"terminated (SIGTERM) {what}")
+    return RunInterrupted(f"interrupted {what}")
+
+
 class RunOutOfMemory(RuntimeError):
     """Memory ran out during training; says at which step and what was kept (one line)."""
 

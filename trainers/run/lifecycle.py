@@ -16,9 +16,8 @@ from trainers.core.errors import (
     NonFiniteLossError,
     RunInterrupted,
     RunOutOfMemory,
-    RunTerminated,
     RunWriteError,
-    Terminated,
+    interruption,
     out_of_memory,
     spell,
 )
@@ -125,7 +124,7 @@ def write_failure(trainer, err: OSError) -> str:
     return f"cannot write {where}: {err.strerror or err}; training stopped at step {trainer.step}, {kept(trainer)}"
 
 
-def run_failure(trainer, err: BaseException, logger: RunLogger | None) -> BaseException:
+def run_failure(trainer, err: BaseException, logger: RunLogger | None, *, evaluating: bool = False) -> BaseException:
     """The error a failure during training is reported as (``err`` itself where it already says it all):
     disk full, out of memory, Ctrl-C, SIGTERM, a user's model, a non-finite loss (recorded in failed.json),
     a lost rank."""
@@ -135,12 +134,12 @@ def run_failure(trainer, err: BaseException, logger: RunLogger | None) -> BaseEx
         return RunOutOfMemory(f"{out_of_memory(err)} at step {trainer.step}, {kept(trainer)}; lower "
                               f"{spell('batch_size')} or the model's size")
     if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
-        stopped = RunTerminated if isinstance(err, Terminated) else RunInterrupted
-        what = "terminated (SIGTERM)" if stopped is RunTerminated else "interrupted"
+        at = f"at step {trainer.step}" + (", in the end-of-run evaluation" if evaluating else "")
         if last_checkpoint(trainer) is None:  # a resume would start afresh: say so rather than promise more
-            return stopped(f"{what} at step {trainer.step}, before the run's first checkpoint (written at evaluations"
-                           f"{_every_seconds(trainer)}): nothing to continue, a rerun starts it afresh")
-        return stopped(f"{what} at step {trainer.step}, {kept(trainer)}; {spell('resume')} continues the run")
+            return interruption(err, f"{at}, before the run's first checkpoint (written at evaluations"
+                                     f"{_every_seconds(trainer)}): nothing to continue, a rerun starts it afresh")
+        again = "evaluates it again and writes the results" if evaluating else "continues the run"
+        return interruption(err, f"{at}, {kept(trainer)}; {spell('resume')} {again}")
     if trainer.user_model and isinstance(err, Exception) and not isinstance(err, NAMED_ERRORS):
         return ModelRunError(f"model '{trainer.meta.get('name')}' failed at step {trainer.step}: {one_line(err)}; "
                              f"{kept(trainer)}")

@@ -8,12 +8,18 @@ so ``Progress`` prints one line every ``every`` seconds instead:
 plus a line per evaluation (periodic ones at most every ``every`` seconds, and the
 last one) and a final line. The rate is the mean of this
 process once its first step is done (that step's warm-up excluded).
+
+An evaluation speaks while it runs too (``evaluating``): a second bar on a terminal, and elsewhere a line
+every ``every`` seconds once it has run that long (a short one says nothing more than its result line):
+
+    [backprop seed 0] eval test (best model, step 100): batch 12/40  elapsed 0:00:31  left 0:01:12
 """
 
 import datetime
 import math
 import sys
 import time
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
@@ -62,7 +68,8 @@ class Progress:
         self.step, self.loss = step, loss
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            if not math.isnan(loss):  # nothing measured (the comparison's timing rounds): no placeholder
+                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         if not self.plain:
             return
         now = self.clock()
@@ -89,6 +96,36 @@ class Progress:
         used = f"all {of}" if samples >= of else f"{batches} batch{'es' if batches > 1 else ''} of {batch_size} of {of}"
         which = f" ({model})" if model else ""
         self._print(f"step {self.step}/{self.total}  eval {split}{which} {metric} {value:.4g} ({used})")
+
+    @contextmanager
+    def evaluating(self, split: str, model: str | None = None):
+        """While an evaluation of ``split`` runs (``model``: e.g. ``"last model"``), yields its ``on_batch(done,
+        batches)`` callback: a bar on a terminal, a line every ``every`` seconds elsewhere (module docstring)."""
+        name = f"eval {split}" + (f" ({model})" if model else "")
+        start = printed = self.clock()
+        bar = None
+
+        def on_batch(done: int, batches: int) -> None:
+            nonlocal bar, printed
+            if not self.enabled:
+                return
+            if self.bar is not None:
+                if bar is None:
+                    bar = tqdm(total=batches, desc=f"{self.name} {name}", leave=False, file=self.stream, unit="batch")
+                bar.update(done - bar.n)
+                return
+            now = self.clock()
+            if now - printed >= self.every and done < batches:
+                left = (batches - done) * (now - start) / done
+                self._print(f"{name}: batch {done}/{batches}  elapsed {format_seconds(now - start)}  "
+                            f"left {format_seconds(left)}")
+                printed = now
+
+        try:
+            yield on_batch
+        finally:
+            if bar is not None:
+                bar.close()
 
     def close(self) -> None:
         """Close the bar, or print the final line."""

@@ -30,6 +30,7 @@ import copy
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -206,9 +207,10 @@ class Trainer:
         return to_device(inputs, self.device, self.dtype), targets.to(self.device)
 
     @torch.no_grad()
-    def evaluate(self, split: str = "val", rows: torch.Tensor | None = None) -> dict[str, float]:
+    def evaluate(self, split: str = "val", rows: torch.Tensor | None = None,
+                 on_batch: Callable[[int, int], None] | None = None) -> dict[str, float]:
         """Mean loss and metric over a split (or its ``rows``), in eval mode (no dropout); each rank
-        evaluates its shard.
+        evaluates its shard; ``on_batch(done, batches)`` after each batch (progress).
 
         Batches are weighted by their counted targets (tokens other than ``IGNORE_INDEX``), so
         the mean is over every counted token of the split, padded sentences included.
@@ -218,6 +220,7 @@ class Trainer:
         self.model.eval()
         total_loss, total_metric, counted = 0.0, 0.0, 0.0
         rows = self.parallel.shard(torch.arange(len(data)) if rows is None else rows)
+        batches = math.ceil(len(rows) / self.cfg.eval_batch_size)
         for start in range(0, len(rows), self.cfg.eval_batch_size):
             batch = rows[start:start + self.cfg.eval_batch_size]
             x = to_device(data.inputs[batch], self.device, self.dtype)
@@ -227,6 +230,8 @@ class Trainer:
             total_loss += self.task.loss_fn(out, y).item() * n
             total_metric += float(self.task.metric(out, y)) * n
             counted += n
+            if on_batch is not None:
+                on_batch(start // self.cfg.eval_batch_size + 1, batches)
         self.model.train(was_training)
         total_loss, total_metric, counted = self.parallel.sums([total_loss, total_metric, counted])
         result = {"loss": total_loss / counted}
@@ -333,19 +338,21 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
+        evaluating = False
         try:
             while self.step < total:
                 self._iteration(total, logger, progress)
+            evaluating = True  # the last and the best model on whole splits: a phase of its own, which speaks too
+            report = self._final_report(progress)
         except BaseException as err:
             if logger:
                 logger.close(quiet=True)
-            failure = lifecycle.run_failure(self, err, logger)
+            failure = lifecycle.run_failure(self, err, logger, evaluating=evaluating)
             if failure is err:
                 raise
             raise failure from None
         finally:
             progress.close()
-        report = self._final_report(progress)
         try:
             lifecycle.write_result(self, report, logger)
         except OSError as err:
@@ -399,8 +406,9 @@ class Trainer:
         return self.update(x, y, self.step, f", last good checkpoint kept at {last}" if last is not None else "")
 
     def _evaluate(self, split: str, progress: Progress, *, rows=None, model: str | None = None) -> dict[str, float]:
-        """``evaluate``, and its progress line."""
-        result = self.evaluate(split, rows)
+        """``evaluate``, its progress while it runs and its line."""
+        with progress.evaluating(split, model) as on_batch:
+            result = self.evaluate(split, rows, on_batch)
         metric, n = self.task.metric_name, len(getattr(self.task, split))
         progress.evaluated(split, metric, result[metric], samples=n if rows is None else len(rows), of=n,
                            batch_size=self.cfg.eval_batch_size, model=model)
