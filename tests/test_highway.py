@@ -17,7 +17,7 @@ from helpers import engine_grads, max_relative
 
 import models
 import trainers
-from models.resnet import downsample, upsample
+from models.zoo.resnet import downsample, upsample
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
 from trainers.engines.highway import highway_iterations
 
@@ -582,7 +582,7 @@ def test_tol_stops_at_the_iteration_a_hand_computation_gives_and_reports_its_rat
     """A fixed linear case (n = 4 positions, K = 0.5, J = 0.3 I): d^0 = scan(e), d^{m+1} = scan(back(d^m)),
     w^m = d^0 + ... + d^m; with tol between the hand ratios ||d^m|| / ||w^m|| of m = 1 and m = 2 the loop stops
     after 2 iterations and reports the ratio of m = 2 (issue 41: the stopping test squared, not doubled)."""
-    from models.scan import reverse_scan
+    from models.layers.scan import reverse_scan
     from trainers.engines.highway import highway_iterations
 
     e = torch.zeros(4, 1, 2, dtype=torch.float64)

@@ -135,8 +135,8 @@ def test_every_module_of_trainers_is_in_a_layer():
      "trainers.engines.backprop (trainers.engines) imports trainers.run.trainer (trainers.run)"),
     ("trainers/run/trainer.py", "from trainers.cli import train_main",
      "trainers.run.trainer (trainers.run) imports trainers.cli (trainers.cli)"),
-    ("models/mlp.py", "import trainers.core.errors",
-     "models.mlp (models) imports trainers.core.errors (trainers.core)"),
+    ("models/zoo/mlp.py", "import trainers.core.errors",
+     "models.zoo.mlp (models) imports trainers.core.errors (trainers.core)"),
 ])
 def test_an_upward_import_is_found(tmp_path, module, line, expected):
     """The check on a copy of the tree with one upward import added (the real tree is never touched)."""
@@ -167,3 +167,57 @@ def test_an_import_circle_is_found(tmp_path, module, added, expected):
     path = tmp_path / module
     path.write_text(path.read_text() + "\n\n" + added)
     assert import_circles(tmp_path) == [expected]
+
+
+# ---- models/ by concern (issue 42) ---------------------------------------------------------------------------
+
+MODELS_ORDER = ["models.errors", "models.layers", "models.orthogonal", "models.adapters", "models.registry",
+                "models.zoo", "models"]
+"""The concerns of ``models``, lowest first: one-line errors; shared layers (recurrent cells, dropout, scans,
+activations); orthogonality (parametrizations, projections, the Cayley retraction, orthogonal convolutions);
+users' models as stacks and how they are called; building by name; the zoo's architectures; the package's
+re-exports. Each imports only itself and the concerns below it."""
+
+
+def concern_of(module: str) -> str:
+    parts = module.split(".")
+    return "models" if len(parts) == 1 else ".".join(parts[:2])
+
+
+def concern_violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / "models").rglob("*.py")):
+        module = module_name(path, root)
+        concern = concern_of(module)
+        if concern not in MODELS_ORDER:
+            found.append(f"{module}: in no concern of models (a new folder? add it to MODELS_ORDER)")
+            continue
+        below = set(MODELS_ORDER[:MODELS_ORDER.index(concern) + 1])
+        for imported in sorted(i for i in imports(path) if i.split(".")[0] == "models"):
+            if concern_of(imported) not in below:
+                found.append(f"{module} ({concern}) imports {imported} ({concern_of(imported)})")
+    return found
+
+
+def test_the_concerns_of_models_import_only_the_concerns_below_them():
+    assert concern_violations() == []
+
+
+def test_models_holds_its_concerns_and_nothing_beside_them():
+    top = sorted(p.name for p in (ROOT / "models").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert top == ["__init__.py", "adapters", "errors.py", "layers", "orthogonal", "registry.py", "zoo"]
+
+
+@pytest.mark.parametrize("module, line, expected", [
+    ("models/layers/scan.py", "from models.zoo.mlp import MLP",
+     "models.layers.scan (models.layers) imports models.zoo.mlp (models.zoo)"),
+    ("models/orthogonal/cayley.py", "import models.adapters.calling",
+     "models.orthogonal.cayley (models.orthogonal) imports models.adapters.calling (models.adapters)"),
+])
+def test_an_import_across_concerns_is_found(tmp_path, module, line, expected):
+    import shutil
+
+    shutil.copytree(ROOT / "models", tmp_path / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    assert concern_violations(tmp_path) == [expected]

@@ -1,4 +1,4 @@
-"""Tests of models/orthogonal_conv.py and models/cnn.py: orthogonal convolutions,
+"""Tests of models/orthogonal/conv.py and models/zoo/cnn.py: orthogonal convolutions,
 their adjoints, and the orthogonal CNN layer stacks (ortho_lenet, ortho_convnet)."""
 
 import math
@@ -12,10 +12,10 @@ from torch import nn
 import models
 import tasks
 import trainers
-from models.cnn import OrthoConvNet, OrthoLeNet, infer_image_shape
 from models.errors import ModelConfigError
 from models.orthogonal import orthogonal_method, orthogonality_error
-from models.orthogonal_conv import FlattenLinear, OrthoConvBlock, OrthogonalConv2d, SpaceToDepth
+from models.orthogonal.conv import FlattenLinear, OrthoConvBlock, OrthogonalConv2d, SpaceToDepth
+from models.zoo.cnn import OrthoConvNet, OrthoLeNet, infer_image_shape
 from trainers.core.protocols import LayerStack
 from trainers.engines.backprop import Backprop
 

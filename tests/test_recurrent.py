@@ -1,4 +1,4 @@
-"""Tests of the recurrent layers (``models.recurrent``) and the recurrent language models."""
+"""Tests of the recurrent layers (``models.layers.recurrent``) and the recurrent language models."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import models
 import tasks
 import trainers
 from models import ModelConfigError
-from models.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN
-from models.scan import forward_scan
+from models.layers.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN
+from models.layers.scan import forward_scan
 from trainers.core.protocols import RecurrentLayer
 
 B, T, D_IN, D = 3, 7, 5, 6

@@ -11,7 +11,6 @@ from torch import nn
 import models
 import tasks
 import trainers
-from models.cayley import cayley_retract, cayley_retract_lowrank
 from models.errors import ModelConfigError
 from models.orthogonal import (
     DEFAULT_BJORCK_ITERS,
@@ -20,7 +19,8 @@ from models.orthogonal import (
     orthogonality_error,
     polar,
 )
-from models.retraction import CayleyRetraction
+from models.orthogonal.cayley import cayley_retract, cayley_retract_lowrank
+from models.orthogonal.retraction import CayleyRetraction
 from trainers.cli import bench_main, train_main
 from trainers.core.errors import ConfigError
 

@@ -11,7 +11,7 @@ from torch.nn.utils import parametrize
 
 import models
 import trainers
-from models.orthogonal_conv import OrthogonalConv2d
+from models.orthogonal.conv import OrthogonalConv2d
 from tasks.base import cross_entropy_loss
 
 ENGINES = ["backprop", "fa", "dfa", "foton", "pepita"]

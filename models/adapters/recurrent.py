@@ -7,7 +7,7 @@ FT-BPTT and Highway-BP over time without rewriting it.
 
 ``wrap_recurrent`` finds every such module (any number of layers, ``batch_first``
 true or false, called with or without an initial state) and gives each of its
-layers a view from ``models.recurrent`` (``GRU``, ``LSTM``, ``TanhRNN``) whose
+layers a view from ``models.layers.recurrent`` (``GRU``, ``LSTM``, ``TanhRNN``) whose
 single-layer fused module holds the user's own Parameter objects
 (``weight_ih_l{k}``, ... as ``weight_ih_l0``, ...): no copy, the optimizer and the
 state_dict keys are the user's. The user's module keeps its place and its
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from models.errors import ModelConfigError
-from models.recurrent import GRU, LSTM, TanhRNN
+from models.layers.recurrent import GRU, LSTM, TanhRNN
 
 __all__ = ["wrap_recurrent"]
 
@@ -50,7 +50,7 @@ def _check(name: str, module: nn.RNNBase) -> None:
 
 
 def _layer_view(module: nn.RNNBase, k: int) -> nn.Module:
-    """Layer ``k`` of ``module`` as a ``models.recurrent`` layer on the same Parameter objects."""
+    """Layer ``k`` of ``module`` as a ``models.layers.recurrent`` layer on the same Parameter objects."""
     size_in = module.input_size if k == 0 else module.hidden_size
     with torch.device("meta"):  # its own weights are replaced at once: never allocate them
         view = _VIEWS[type(module)](size_in, module.hidden_size, bias=module.bias)

@@ -22,8 +22,8 @@ naming the position.
 
 from torch import nn
 
-from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError
+from models.layers.dropout import ConsistentDropout
 from models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
 
 __all__ = ["SequentialStack", "layer_stack"]

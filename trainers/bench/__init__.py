@@ -28,7 +28,7 @@ BENCHMARKS.md).
   trainer, also the bare forward-only pass (``bare_forward_only``, the shape of
   the authors' code) as a floor.
 * ``upkeep``: what keeping the MLP orthogonal costs each trainer: its SGD step
-  with Björck projection, and with the Cayley retraction (``models.retraction``),
+  with Björck projection, and with the Cayley retraction (``models.orthogonal.retraction``),
   against the same step with no upkeep, per (depth, width, batch).
 * ``upkeep-optimizers``, ``upkeep-error``: keeping orthogonal layers orthogonal under
   momentum SGD, Adam and AdamW (``trainers.bench.upkeep``): each candidate's step

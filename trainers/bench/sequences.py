@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models.scan import METHODS as SCAN_METHODS
-from models.scan import reverse_scan
+from models.layers.scan import METHODS as SCAN_METHODS
+from models.layers.scan import reverse_scan
 from trainers.bench.timing import SuiteProgress, backprop_first, classification_batch, sync, time_trainers
 
 __all__ = ["bench_recurrent", "bench_residual", "bench_scan"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from models.retraction import CayleyRetraction
+from models.orthogonal.retraction import CayleyRetraction
 from trainers.core.options import parse_key_values
 from trainers.core.protocols import recurrent_forwards
 from trainers.core.registry import build_engine

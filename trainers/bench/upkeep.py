@@ -2,8 +2,8 @@
 (issue 32, item 3).
 
 A dense optimizer step moves a square weight off the manifold by O(lr); the Cayley retraction
-(``models.retraction``) needs plain SGD's low-rank step, so with momentum or Adam every candidate pays O(n^3) per
-layer and step, and the lever is how many n x n products it needs. The candidates, each with backprop's gradients
+(``models.orthogonal.retraction``) needs plain SGD's low-rank step, so with momentum or Adam every candidate pays
+O(n^3) per layer and step, and the lever is how many n x n products it needs. The candidates, each with backprop's gradients
 on the same MLP (its hidden layers orthogonal) and the same optimizer:
 
 * ``plain``: no upkeep (the layers marked, never projected): the baseline of every ratio;

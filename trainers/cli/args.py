@@ -57,7 +57,7 @@ MODEL_FLAGS = {
     "heads": (int, "attention heads (gpt)"),
     "split_gamma": (float, "Highway-BP split g = Sublayer(LN h) + gamma h, r = (1 - gamma) h + z (gpt; default 0.2)"),
     "variant": (str, "resnet form: preact (h + g(h)) or post (ReLU(h + g(h)))"),
-    "activation": (str, f"hidden activation: {', '.join(models.activations.ACTIVATIONS)}"),
+    "activation": (str, f"hidden activation: {', '.join(models.layers.activations.ACTIVATIONS)}"),
     "dropout": (float, "dropout probability"),
     "bias": (str, "use biases: true or false"),
     "orthogonal": (str, "orthogonal hidden layers: none, expm, cayley (geotorch), bjorck, polar (projection) or "

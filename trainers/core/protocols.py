@@ -17,7 +17,7 @@ protocols by having the named attributes. Engines check them with
   Zoo: ``residual_mlp``, ``resnet``, ``gpt``.
 * ``RecurrentLayer`` (DSF, FT-BPTT, Highway-BP over time): a one-step cell
   ``h_t = cell(x_t, h_{t-1})`` and a fast whole-sequence forward sharing its
-  weights. Zoo: the layers of ``models.recurrent``; models expose them, bottom
+  weights. Zoo: the layers of ``models.layers.recurrent``; models expose them, bottom
   to top, as the ``nn.ModuleList`` ``recurrent_layers`` (``rnn_lm``, ``rnn_block_lm``).
 """
 

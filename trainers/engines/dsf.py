@@ -14,7 +14,7 @@ the head). In every layer of ``model.recurrent_layers``, during the model's own 
 2. the cell recomputed on all B*T pairs (x_t, s_{t-1}) at once, s_{t-1} detached: a local
    graph per step that depends on theta and x_t only, whose outputs equal step 1's;
 3. in the backward pass, the e_t arriving at those outputs is replaced by g_t, computed by
-   one reverse scan (``models.scan.reverse_scan``: sequential on the CPU, chunked on a GPU,
+   one reverse scan (``models.layers.scan.reverse_scan``: sequential on the CPU, chunked on a GPU,
    never the a^-t cumsum trick), and autograd pushes g_t through the local graph to theta
    (summed over t) and to x_t, which is the e_t of the layer below.
 
@@ -48,8 +48,8 @@ import torch
 import torch.nn as nn
 
 from models.adapters.calling import forward_loss
-from models.recurrent import previous_states
-from models.scan import METHODS, reverse_scan
+from models.layers.recurrent import previous_states
+from models.layers.scan import METHODS, reverse_scan
 from trainers.core.distributed import mean_over_ranks
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError, IncompatibleModelError
@@ -77,7 +77,7 @@ class TimeParallel(GradientEngine):
                 raise IncompatibleModelError(
                     f"trainer '{self.name}' needs recurrent layers with the RecurrentLayer protocol "
                     f"(trainers/core/protocols.py); {type(layer).__name__} is not one "
-                    "(layers that qualify: models.recurrent)")
+                    "(layers that qualify: models.layers.recurrent)")
 
     needs_gate = False  # coefficients need the cell's gate
 

@@ -66,7 +66,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from models.orthogonal_conv import OrthogonalConv2d
+from models.orthogonal.conv import OrthogonalConv2d
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option

@@ -36,7 +36,7 @@ from torch.nn.modules import module as module_hooks
 from torch.nn.utils import parametrize
 
 from models.orthogonal import has_parametrized_weight, route_weight_grad
-from models.retraction import record_layer_grads
+from models.orthogonal.retraction import record_layer_grads
 from tasks.base import cross_entropy_loss
 from trainers.core.engine import GradientEngine, StepOutput, write_grads
 from trainers.core.protocols import LayerStack, require

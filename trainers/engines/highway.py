@@ -10,7 +10,7 @@ local loss gradients e_i = dL_i/dh_i (Eq. 6, 7, 9; row vectors multiplied on the
     d^0   = w^0,  d^{m+1} = CumSumProd(v, K),  v_i = d_{i+1}^m J_{i+1}   (one batched VJP round)
     w^k   = d^0 + ... + d^k                    (d^m: the paths crossing exactly m branches)
 
-CumSumProd is ``models.scan.reverse_scan`` with a_i = K_{i+1} (the shift that fixes the
+CumSumProd is ``models.layers.scan.reverse_scan`` with a_i = K_{i+1} (the shift that fixes the
 off-by-one of the paper's Algorithm 1). w_i^k is exact once k >= L - i, so k >= L is exact
 backprop; the parameters get dL/dtheta_i = (w_i^k d r_i/d z) dg_i/dtheta_i: k + 1 VJP
 rounds in all, k = 0 included. Options beyond the paper: ``tol`` stops when
@@ -56,9 +56,9 @@ from torch.func import functional_call, stack_module_state, vmap
 from models.adapters.calling import forward_loss
 from models.adapters.discovery import ResidualFound
 from models.adapters.residual import ResidualView
-from models.dropout import ConsistentDropout
-from models.recurrent import previous_states
-from models.scan import METHODS, reverse_scan
+from models.layers.dropout import ConsistentDropout
+from models.layers.recurrent import previous_states
+from models.layers.scan import METHODS, reverse_scan
 from trainers.core.distributed import DataParallel
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError, IncompatibleModelError

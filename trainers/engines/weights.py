@@ -16,7 +16,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from models.orthogonal import has_parametrized_weight
-from models.orthogonal_conv import OrthogonalConv2d, cached_symbols
+from models.orthogonal.conv import OrthogonalConv2d, cached_symbols
 
 __all__ = ["weights_once"]
 

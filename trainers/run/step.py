@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
-from models.retraction import CayleyRetraction
+from models.orthogonal.retraction import CayleyRetraction
 from trainers.core.distributed import DataParallel
 from trainers.core.engine import GradientEngine
 from trainers.core.errors import NonFiniteLossError

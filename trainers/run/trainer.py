@@ -39,7 +39,7 @@ from torch import nn
 from models.adapters.calling import call_model, model_call
 from models.adapters.user import is_reference
 from models.errors import ModelConfigError
-from models.retraction import CayleyRetraction
+from models.orthogonal.retraction import CayleyRetraction
 from tasks.base import IGNORE_INDEX, Task
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters

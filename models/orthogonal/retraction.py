@@ -2,7 +2,7 @@ r"""Orthogonal layers kept exact by the step itself: the Cayley retraction of SG
 
 A layer marked ``"retraction"`` (``models.orthogonal.make_orthogonal``) is never
 projected. Its SGD step ``W - lr G`` is replaced by the Cayley retraction of that
-step onto the orthogonal set (``models.cayley.cayley_retract``; to first order in
+step onto the orthogonal set (``models.orthogonal.cayley.cayley_retract``; to first order in
 lr it is SGD followed by a projection, so a learning rate tuned for ``bjorck`` means
 the same here). The gradient
 of a linear layer is a sum over the batch of outer products, G = P Q^T with
@@ -42,9 +42,15 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from models.cayley import LowRankCayley, cayley_retract, dense_drift, finish_lowrank_cayley, prepare_lowrank_cayley
 from models.errors import ModelConfigError
 from models.orthogonal import RETRACTED_METHODS, orthogonal_method
+from models.orthogonal.cayley import (
+    LowRankCayley,
+    cayley_retract,
+    dense_drift,
+    finish_lowrank_cayley,
+    prepare_lowrank_cayley,
+)
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
 

@@ -35,7 +35,7 @@ PyTorch's defaults. ``tie_weights=True`` shares the head's weight with the embed
 authors) is plain ``nn.Dropout``.
 
 Engines: ``recurrent_layers`` is the ``nn.ModuleList`` of the recurrent layers
-(``models.recurrent``), bottom to top.
+(``models.layers.recurrent``), bottom to top.
 """
 
 import math
@@ -43,7 +43,7 @@ import math
 import torch.nn as nn
 
 from models.errors import ModelConfigError, positive_int
-from models.recurrent import CELLS, build_cell
+from models.layers.recurrent import CELLS, build_cell
 
 __all__ = ["RecurrentLM", "RecurrentBlockLM"]
 

@@ -9,7 +9,7 @@ Every layer here has the same interface (``trainers.core.protocols.RecurrentLaye
   PyTorch's fused ``nn.GRU`` / ``nn.RNN`` (cuDNN on a GPU). LSTM: the fused ``nn.LSTM``
   gives h_1 .. h_T but only the last c, so the c_t are rebuilt from the gates evaluated
   at all (x_t, h_{t-1}) at once and the linear recurrence c_t = f_t c_{t-1} + i_t g_t,
-  solved with ``models.scan.forward_scan`` (a log-depth scan). DiagonalLinearRNN: the
+  solved with ``models.layers.scan.forward_scan`` (a log-depth scan). DiagonalLinearRNN: the
   recurrence is linear, so the whole sequence is one scan, no fused module is needed.
 * ``cell(x_t, h_prev) -> s_t``: (N, d_in), (N, state_size) -> (N, state_size), batched
   over any N (e.g. all B*T pairs of a sequence at once), the same math as the fused path
@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.errors import ModelConfigError, positive_int
-from models.scan import forward_scan
+from models.layers.scan import forward_scan
 
 __all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell", "previous_states"]
 
@@ -204,7 +204,7 @@ class DiagonalLinearRNN(nn.Module):
 
     ``nu`` is initialised so that lambda is uniform in [0.5, 0.99]; ``B`` is an
     ``nn.Linear(input_size, hidden_size, bias=bias)``. The whole sequence is one scan
-    (``models.scan.forward_scan``); no fused module.
+    (``models.layers.scan.forward_scan``); no fused module.
     """
 
     has_diagonal_path = True

@@ -1,5 +1,5 @@
 r"""The Cayley retraction of an SGD step onto the orthogonal set, dense and low-rank (Woodbury), for the
-layers marked ``"retraction"`` (``models.orthogonal.make_orthogonal``); ``models.retraction`` applies it as
+layers marked ``"retraction"`` (``models.orthogonal.make_orthogonal``); ``models.orthogonal.retraction`` applies it as
 the optimizer step of a training run. Same convention as ``models.orthogonal``: rows orthonormal when
 out <= in, columns otherwise.
 """

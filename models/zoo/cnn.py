@@ -1,6 +1,6 @@
 """Orthogonal CNNs: layer stacks of orthogonal convolutions (``ortho_lenet``, ``ortho_convnet``).
 
-Same equations and protocol as ``models.mlp`` (``trainers.core.protocols.LayerStack``):
+Same equations and protocol as ``models.zoo.mlp`` (``trainers.core.protocols.LayerStack``):
 
     h_0 = input_features(x)                  (B, features) or (B, C, H, W) -> (B, *in_shape)
     h_l = act(drop(A_l h_{l-1} + b_l))       l = 1 .. L-1
@@ -10,7 +10,7 @@ Every ``A_l`` is a module with ``forward`` (A h + b) and ``adjoint`` (A^T v, no
 bias): an ``OrthoConvBlock`` or a ``FlattenLinear`` (an ``nn.Linear`` as ``.linear``). The hidden maps have
 orthonormal rows
 (A A^T = I) exactly, up to float rounding: the convolutions by construction
-(``models.orthogonal_conv.OrthogonalConv2d``, Fourier-domain Cayley transform),
+(``models.orthogonal.conv.OrthogonalConv2d``, Fourier-domain Cayley transform),
 the dense hidden layers through ``models.orthogonal.make_orthogonal`` (default
 "expm"; a projected method needs ``project_`` after each step, which the Trainer
 does). Spatial size shrinks only by space-to-depth (a permutation), channels
@@ -31,11 +31,11 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from models.activations import build_activation
-from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError, positive_int
+from models.layers.activations import build_activation
+from models.layers.dropout import ConsistentDropout
 from models.orthogonal import DEFAULT_BJORCK_ITERS, METHODS
-from models.orthogonal_conv import FlattenLinear, OrthoConvBlock, space_to_depth_shape
+from models.orthogonal.conv import FlattenLinear, OrthoConvBlock, space_to_depth_shape
 
 __all__ = ["OrthoLeNet", "OrthoConvNet", "infer_image_shape"]
 

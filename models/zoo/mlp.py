@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from models.activations import build_activation
-from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError
+from models.layers.activations import build_activation
+from models.layers.dropout import ConsistentDropout
 from models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
 
 __all__ = ["MLP", "hidden_widths"]

@@ -15,9 +15,9 @@ import math
 import torch
 import torch.nn as nn
 
-from models.activations import build_activation
-from models.dropout import ConsistentDropout
 from models.errors import ModelConfigError
+from models.layers.activations import build_activation
+from models.layers.dropout import ConsistentDropout
 
 __all__ = ["ResidualBlock", "ResidualMLP"]
 

@@ -99,7 +99,7 @@ class Projection:
 
 @dataclass(frozen=True)
 class Retraction:
-    """Marker of a retracted layer: its SGD step is a Cayley retraction (``models.retraction``)."""
+    """Marker of a retracted layer: its SGD step is a Cayley retraction (``models.orthogonal.retraction``)."""
 
     method: str = "retraction"
 
@@ -295,7 +295,7 @@ def make_orthogonal(module: nn.Module, method: str | None, *, iters: int = DEFAU
       :func:`project_` must run after every optimizer step.
     * ``"retraction"``: ``module.weight`` stays the Parameter, a :class:`Retraction`
       marker is attached, and the SGD step on it must be a Cayley retraction
-      (``models.retraction.CayleyRetraction``; the Trainer does it).
+      (``models.orthogonal.retraction.CayleyRetraction``; the Trainer does it).
 
     In every case the weight is first set to :math:`\operatorname{polar}(W_0)`
     of its current value :math:`W_0` (so the starting weight does not depend on

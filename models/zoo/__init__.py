@@ -1,0 +1,24 @@
+"""The zoo's architectures, registered by name (``models.build(name, ...)``): MLPs, residual MLPs, CNNs with
+orthogonal convolutions, ResNets, a GPT and recurrent language models."""
+
+from models.registry import register_model
+from models.zoo.cnn import OrthoConvNet, OrthoLeNet
+from models.zoo.convnet import ConvNet
+from models.zoo.language_model import RecurrentBlockLM, RecurrentLM
+from models.zoo.mlp import MLP
+from models.zoo.residual_mlp import ResidualMLP
+from models.zoo.resnet import ResNet
+from models.zoo.transformer import GPT
+
+register_model("mlp")(MLP)
+register_model("residual_mlp")(ResidualMLP)
+register_model("ortho_lenet")(OrthoLeNet)
+register_model("ortho_convnet")(OrthoConvNet)
+register_model("convnet")(ConvNet)
+register_model("rnn_lm")(RecurrentLM)
+register_model("rnn_block_lm")(RecurrentBlockLM)
+register_model("resnet")(ResNet)
+register_model("gpt")(GPT)
+
+__all__ = ["MLP", "ResidualMLP", "OrthoLeNet", "OrthoConvNet", "ConvNet", "RecurrentLM", "RecurrentBlockLM", "ResNet",
+           "GPT"]
