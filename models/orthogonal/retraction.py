@@ -43,7 +43,6 @@ import torch
 from torch import Tensor, nn
 
 from models.errors import ModelConfigError
-from models.orthogonal import RETRACTED_METHODS, orthogonal_method
 from models.orthogonal.cayley import (
     LowRankCayley,
     cayley_retract,
@@ -51,6 +50,7 @@ from models.orthogonal.cayley import (
     finish_lowrank_cayley,
     prepare_lowrank_cayley,
 )
+from models.orthogonal.marking import RETRACTED_METHODS, orthogonal_method
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
 

@@ -3,8 +3,8 @@
 
 A dense optimizer step moves a square weight off the manifold by O(lr); the Cayley retraction
 (``models.orthogonal.retraction``) needs plain SGD's low-rank step, so with momentum or Adam every candidate pays
-O(n^3) per layer and step, and the lever is how many n x n products it needs. The candidates, each with backprop's gradients
-on the same MLP (its hidden layers orthogonal) and the same optimizer:
+O(n^3) per layer and step, and the lever is how many n x n products it needs. The candidates, each with backprop's
+gradients on the same MLP (its hidden layers orthogonal) and the same optimizer:
 
 * ``plain``: no upkeep (the layers marked, never projected): the baseline of every ratio;
 * ``Björck x3``: three Björck iterations after every step (the project's rule before issue 32);
