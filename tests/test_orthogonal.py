@@ -1,4 +1,4 @@
-"""Tests of models/orthogonal/ (projection.py, marking.py, gradients.py): making layers orthogonal and keeping them so."""
+"""Tests of models/orthogonal/ (projection.py, marking.py, gradients.py): making layers orthogonal, keeping them so."""
 
 import math
 
