@@ -125,6 +125,78 @@ def test_dfa_gives_a_layer_on_a_batch_shared_table_the_sum_of_the_samples_projec
     assert relative(got["table"], (e @ P).sum(0).reshape(1, T, D)) < 1e-12
 
 
+class UserCNN(nn.Module):
+    """A user's CNN as written: two padded convolutions with tanh, a flatten, the output layer."""
+
+    def __init__(self, channels=(2, 4, 5), side=6):
+        super().__init__()
+        c0, c1, c2 = channels
+        self.conv1, self.conv2 = nn.Conv2d(c0, c1, 3, padding=1), nn.Conv2d(c1, c2, 3, padding=1)
+        self.out = nn.Linear(c2 * side * side, C)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.conv2(torch.tanh(self.conv1(x)))).flatten(1))
+
+
+def test_dfa_on_a_users_cnn_is_the_rule_written_by_hand():
+    """Each layer's input gets e D reshaped to it (per sample: D is d_y x C H W), through the activation to the
+    layer below, whose weight gradient is then exact: both convolutions' kernels and biases by hand (issue 41's
+    survivors: the layer path's per-sample branch and the batch read from the error). Batch 3, channels 2, 4, 5,
+    a 6 x 6 image, 7 classes."""
+    torch.manual_seed(0)
+    model = UserCNN().double()
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(B, 2, 6, 6, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
+    engine = trainers.build_engine("dfa", path="layers")
+    got = engine_grads(model, engine, x, y)
+    D_out, D_conv2 = engine.layers.matrix("out"), engine.layers.matrix("conv2")
+    assert D_out.shape == (C, 5 * 36) and D_conv2.shape == (C, 4 * 36)
+    with torch.no_grad():
+        a1 = model.conv1(x)
+        h1 = torch.tanh(a1)
+        a2 = model.conv2(h1)
+        e = (torch.softmax(model(x), -1) - nn.functional.one_hot(y, C)) / B
+        delta2 = (e @ D_out).reshape(a2.shape) * (1 - torch.tanh(a2) ** 2)
+        delta1 = (e @ D_conv2).reshape(a1.shape) * (1 - h1 ** 2)
+        conv_weight = torch.nn.grad.conv2d_weight
+        by_hand = {"conv2.weight": conv_weight(h1, model.conv2.weight.shape, delta2, padding=1),
+                   "conv2.bias": delta2.sum((0, 2, 3)),
+                   "conv1.weight": conv_weight(x, model.conv1.weight.shape, delta1, padding=1),
+                   "conv1.bias": delta1.sum((0, 2, 3)),
+                   "out.weight": e.t() @ torch.tanh(a2).flatten(1)}
+    for name, expected in by_hand.items():
+        assert relative(got[name], expected) < 1e-12, name
+    assert relative(got["conv1.weight"], autograd_grads(model, cross_entropy_loss(model(x), y))["conv1.weight"]) > 0.1
+
+
+class SequenceToOne(nn.Module):
+    """A sequence classifier: a per-position MLP on (B, T, D), the mean over positions, the output layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.out = nn.Linear(D, H), nn.Linear(H, D), nn.Linear(D, C)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))).mean(1))
+
+
+def test_dfa_on_a_sequence_to_one_model_projects_each_samples_error_to_all_its_positions_by_hand():
+    torch.manual_seed(0)
+    model = SequenceToOne().double()
+    gen = torch.Generator().manual_seed(6)
+    x, y = torch.randn(B, T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
+    engine = trainers.build_engine("dfa", path="layers")
+    got = engine_grads(model, engine, x, y)
+    D_fc2 = engine.layers.matrix("fc2")
+    assert D_fc2.shape == (C, H)  # per position's width: every position of a sample gets the sample's e D
+    with torch.no_grad():
+        a1 = model.fc1(x)
+        e = (torch.softmax(model(x), -1) - nn.functional.one_hot(y, C)) / B
+        delta1 = (e @ D_fc2).unsqueeze(1).expand(B, T, H) * (1 - torch.tanh(a1) ** 2)
+    assert relative(got["fc1.weight"], delta1.reshape(-1, H).t() @ x.reshape(-1, D)) < 1e-12
+    assert relative(got["fc1.bias"], delta1.sum((0, 1))) < 1e-12
+
+
 transformers = pytest.importorskip("transformers")
 
 
