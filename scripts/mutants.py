@@ -28,6 +28,7 @@ equivalent (same behaviour, with the argument) is not counted. Exit status 0 whe
 import argparse
 import ast
 import random
+import re
 import sys
 import tempfile
 import time
@@ -62,9 +63,14 @@ class Mutant:
     def id(self) -> str:
         return f"{Path(self.file).stem}:{self.line}:{self.kind}"
 
+    @property
+    def slug(self) -> str:
+        """The id as a file name (the planted copy's folder is named by it)."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.id)
+
     def fault(self, tests: list[str]) -> dict:
         """The mutant as a planted fault (``scripts/planted_faults.py``)."""
-        return {"id": self.id, "engine": self.file, "file": self.file, "old": self.old, "new": self.new,
+        return {"id": self.slug, "engine": self.file, "file": self.file, "old": self.old, "new": self.new,
                 "description": f"{self.kind} at line {self.line}", "tests": tests}
 
 
@@ -196,10 +202,10 @@ def report(results: list, mutants: dict[str, Mutant], seconds: float, goal: floa
     drawn, ``results``: of those run (the others were argued equivalent)."""
     files: dict[str, dict[str, int]] = {}
     survivors, apart = [], []
-    by_id = {r.fault["id"]: r for r in results}
+    by_slug = {r.fault["id"]: r for r in results}
     for m in mutants.values():
         row = files.setdefault(m.file, {"killed": 0, "survived": 0, "equivalent": 0, "not run": 0})
-        r = by_id.get(m.id)
+        r = by_slug.get(m.slug)
         if r is None:  # argued equivalent, so not run
             row["equivalent"] += 1
         elif r.status == "caught":
@@ -289,8 +295,9 @@ def main(argv=None) -> int:
         if broken:  # a test that fails without any mutant killed nothing: run those mutants again without it
             print(f"failing without any mutant: {', '.join(sorted(broken))}; rerunning", file=sys.stderr)
             again = [i for i, r in enumerate(results) if set(r.caught_by) & broken]
+            by_slug = {m.slug: m for m in to_run}
             for i in again:
-                results[i] = one(drawn[results[i].fault["id"]], sorted(broken))
+                results[i] = one(by_slug[results[i].fault["id"]], sorted(broken))
     text, reached = report(results, drawn, time.monotonic() - start, args.goal)
     print(text)
     if args.out:

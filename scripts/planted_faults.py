@@ -156,7 +156,7 @@ def inside(path: str, tree: Path) -> bool:
 
 def summary_lines(output: str, kind: str) -> list[str]:
     """The node ids of pytest's short summary lines ``FAILED <id> - ...`` or ``ERROR <id> - ...``."""
-    return [m.group(1) for m in re.finditer(rf"^{kind} (\S+)(?: - .*)?$", output, re.MULTILINE)]
+    return [m.group(1) for m in re.finditer(rf"^{kind} (.+?)(?: - .*)?$", output, re.MULTILINE)]  # ids may hold spaces
 
 
 def judge(output: str, returncode: int) -> tuple[str, list[str], str]:

@@ -178,3 +178,21 @@ def test_the_upkeep_error_suite_tells_the_candidates_apart(tmp_path):
     assert rows["Björck adaptive"]["max_error"] <= 1e-5 and rows["Björck x3"]["max_error"] <= 1e-5
     assert rows["Björck x3 every 4"]["max_error"] > 1e-5 and rows["plain"]["max_error"] > 1e-2  # what they prevent
     assert bench_main(["--suite", "upkeep-error", "--optimizers", "sgd", "--out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("method", ["bjorck", "polar"])
+def test_the_batched_projection_of_an_accelerator_is_the_one_by_one_projection(method):
+    """Weights of one shape projected as one stack (an accelerator's path, run here on the CPU) equal each
+    projected alone, each written back to its own Parameter (issue 41: the stack unbound along the wrong axis)."""
+    from models.orthogonal import Projection, project_weights_
+
+    gen = torch.Generator().manual_seed(3)
+    weights = [torch.linalg.qr(torch.randn(9, 6, generator=gen, dtype=torch.float64)).Q.mT
+               + 0.05 * torch.randn(6, 9, generator=gen, dtype=torch.float64) for _ in range(3)]  # a step off
+    alone, stacked = [w.clone() for w in weights], [w.clone() for w in weights]
+    mark = Projection(method, 8)
+    project_weights_([(w, mark) for w in alone], batched=False)
+    project_weights_([(w, mark) for w in stacked], batched=True)
+    for a, s in zip(alone, stacked, strict=True):
+        torch.testing.assert_close(s, a, rtol=1e-10, atol=1e-12)
+    assert orthogonality_error(stacked[2]) < 1e-12

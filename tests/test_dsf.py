@@ -288,6 +288,14 @@ def test_recurrent_layers_are_restored_after_the_step():
 # ---------------------------------------------------------------- bad input
 
 
+def test_constant_feedback_defaults_to_a_half_and_a_refresh_of_one_step_is_taken():
+    """The documented default a = 0.5 of feedback=constant (--dsf-decay), and refresh's smallest value, 1."""
+    assert trainers.build_engine("dsf").Options().decay == 0.5
+    a = trainers.build_engine("dsf", feedback="constant").coefficients(0, None, size=3, device="cpu")
+    assert a.tolist() == [0.5, 0.5, 0.5]
+    trainers.build_engine("dsf", feedback="gate", refresh=1)
+
+
 @pytest.mark.parametrize("options, match", [
     ({"decay": 1.5}, "decay"),
     ({"refresh": 0}, "refresh"),

@@ -185,6 +185,57 @@ def test_the_feedback_scale_measured_on_a_gpt2_layer():
     assert rms("fa", "fan_in") > 3 * w
 
 
+@pytest.mark.parametrize("path", ["stack", "layers"])
+def test_dfa_draws_each_matrix_at_its_layers_scale(path):
+    """D_l's entries are U(-sqrt(3) r, sqrt(3) r): rms r (fan_in: 1 / sqrt(3 d_y), d_y = 3 outputs here), the
+    bound sqrt(3) r filled (issue 41: the amplitude's sqrt(3), on either path)."""
+    model = models.build("mlp", in_features=6, out_features=3, depth=3, width=400, activation="tanh").double()
+    x, y = batch()
+    engine = trainers.build_engine("dfa", scale="fan_in", feedback_seed=3, path=path)
+    grads(model, engine, x, y)
+    r = 1 / math.sqrt(3 * 3)
+    matrices = engine.matrices() if path == "stack" else [engine.layers.matrix(f"layers.{i}") for i in (1, 2)]
+    for D in matrices:
+        assert D.shape == (3, 400)
+        assert D.abs().max().item() <= math.sqrt(3) * r * (1 + 1e-12)
+        assert D.abs().max().item() > 0.99 * math.sqrt(3) * r  # 1200 draws fill the bound
+        assert D.pow(2).mean().sqrt().item() == pytest.approx(r, rel=0.05)
+
+
+def test_glorot_on_the_layer_path_reads_both_fans_of_a_non_square_linear():
+    """A Linear stores W as (out, in): Glorot's r = sqrt(2 / (fan_in + fan_out)) with fan_in 60, fan_out 90, as
+    usf's B (r sign W) shows exactly (issue 41: fan_out read as the input's size)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 60), nn.Tanh(), nn.Linear(60, 90), nn.Tanh(), nn.Linear(90, 3)).double()
+    x, y = batch()
+    engine = trainers.build_engine("usf", scale="glorot", path="layers")
+    grads(model, engine, x, y)
+    B = engine.state_dict()["layers"]["used"]["2"]
+    assert B.shape == (90, 60) and B.abs().unique().tolist() == [pytest.approx(math.sqrt(2 / (60 + 90)), rel=1e-12)]
+
+
+@pytest.mark.parametrize("rule", ["fa", "usf", "brsf", "frsf", "dfa", "pepita"])
+def test_the_feedback_seed_takes_every_63_bit_seed_and_refuses_past_them(rule):
+    trainers.build_engine(rule, feedback_seed=2**63 - 1)
+    trainers.build_engine(rule, feedback_seed=0)
+    for bad in (2**63, -1):
+        with pytest.raises(trainers.ConfigError, match="feedback.seed"):
+            trainers.build_engine(rule, feedback_seed=bad)
+
+
+def test_a_checkpoint_without_a_step_count_resumes_brsfs_draws_from_the_first_step():
+    """A state written before the step was recorded (no "steps") continues at step 0 of brsf's draws: the next
+    step is the first step of a fresh engine."""
+    model, (x, y) = mlp(), batch()
+    first = grads(model, trainers.build_engine("brsf", feedback_seed=4), x, y)
+    engine = trainers.build_engine("brsf", feedback_seed=4)
+    grads(model, engine, x, y)
+    state = {k: v for k, v in engine.state_dict().items() if k != "steps"}
+    old = trainers.build_engine("brsf", feedback_seed=4)
+    old.load_state_dict(state)
+    assert all(torch.equal(g, first[n]) for n, g in grads(model, old, x, y).items())
+
+
 # ---- DFA's one projection ------------------------------------------------------------------------------------
 
 

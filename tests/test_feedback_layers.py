@@ -62,6 +62,24 @@ class TinyResNet(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
+class SamePadded(nn.Module):
+    """Convolutions with padding="same" and kernels that are not square (the padding is worked out per side)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 4, (3, 5), padding="same"), nn.Conv2d(4, 5, (5, 3), padding="same")
+        self.fc = nn.Linear(5, 10)
+
+    def forward(self, x):
+        return self.fc(torch.tanh(self.conv2(torch.tanh(self.conv1(x)))).mean((2, 3)))
+
+
+def same_padding_case():
+    torch.manual_seed(0)
+    return SamePadded().double(), torch.randn(B, 1, 6, 7, dtype=torch.float64), torch.tensor([1, 2, 3, 9]), \
+        cross_entropy_loss, 3
+
+
 def gpt_case():
     torch.manual_seed(0)
     x = torch.randint(0, V, (B, T))
@@ -74,7 +92,7 @@ def resnet_case():
         cross_entropy_loss, 6
 
 
-CASES = {"transformer": gpt_case, "resnet": resnet_case}
+CASES = {"transformer": gpt_case, "resnet": resnet_case, "same padding": same_padding_case}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -87,7 +105,7 @@ def test_fa_with_the_forward_weights_as_feedback_is_backprop_and_drawn_feedback_
     engine = trainers.build_engine("fa")
     model.load_state_dict(state)  # BatchNorm's statistics as before
     drawn = grads(model, engine, x, y, loss_fn)
-    reading_data = {"resnet": ["stem"], "transformer": []}[case]  # its input needs no error: no feedback drawn
+    reading_data = {"resnet": ["stem"], "transformer": [], "same padding": ["conv1"]}[case]  # no error: no feedback
     assert sorted(engine.layers.feedback) == sorted(name for name, _ in covered if name not in reading_data)
     below_the_top = [name for name, _ in covered][:-1]  # the output layer's error is e itself
     for name in below_the_top:

@@ -237,6 +237,46 @@ def test_refuses_residual_and_non_orthogonal_models():
         Foton(temperature=0.0)
 
 
+def test_takes_an_orthogonal_stack_and_names_its_one_plain_hidden_layer_even_the_last():
+    """Every hidden layer is checked, the last one too; an orthogonal stack is taken (issue 41: the check
+    stopping one layer short, or inverted, went unnoticed)."""
+    from models.orthogonal import make_orthogonal
+
+    Foton().check(models.build("mlp", in_features=4, out_features=2, depth=4, width=6, orthogonal="bjorck"))
+    model = models.build("mlp", in_features=4, out_features=2, depth=4, width=6)
+    for layer in model.layers[:2]:
+        make_orthogonal(layer, "bjorck")
+    with pytest.raises(trainers.IncompatibleModelError, match=r"hidden layer 2 of MLP is not"):
+        Foton().check(model)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 4.0])
+def test_the_output_error_of_a_loss_without_a_closed_form_is_its_gradient(temperature):
+    """e = B / T d loss(T y) / dy for a loss on class labels that is not the plain mean cross-entropy (label
+    smoothing): never the cross-entropy's closed form softmax(T y) - onehot, which is only that loss's."""
+    from trainers.engines.forward_only import output_error
+
+    def smoothed(y, t):
+        return torch.nn.functional.cross_entropy(y, t, label_smoothing=0.2)
+
+    gen = torch.Generator().manual_seed(0)
+    y, t = torch.randn(5, 4, generator=gen, dtype=torch.float64, requires_grad=True), torch.tensor([0, 3, 1, 2, 0])
+    (grad,) = torch.autograd.grad(smoothed(temperature * y, t), y)
+    torch.testing.assert_close(output_error(y.detach(), t, smoothed, temperature), grad * 5 / temperature,
+                               rtol=1e-12, atol=1e-14)
+    closed = torch.softmax(temperature * y.detach(), -1) - torch.nn.functional.one_hot(t, 4)
+    assert relative(output_error(y.detach(), t, smoothed, temperature), closed) > 0.05
+
+
+def test_an_error_inside_the_replayed_passes_is_not_swallowed():
+    from trainers.engines.forward_only import MaskReplay
+
+    with pytest.raises(ValueError, match="raised in a pass"), MaskReplay() as replay:
+        torch.rand(3)
+        replay()
+        raise ValueError("raised in a pass")
+
+
 def test_trains_digits_and_keeps_weights_orthogonal():
     task = tasks.build("digits")
     torch.manual_seed(0)

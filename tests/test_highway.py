@@ -606,3 +606,6 @@ def test_tol_stops_at_the_iteration_a_hand_computation_gives_and_reports_its_rat
     got, used, rel = highway_iterations(e, carry, back, k=3, tol=tol)
     assert used == 2 and rel == pytest.approx(ratios[1], rel=1e-12)
     assert torch.allclose(got, w - d, rtol=1e-12, atol=0)  # w^2: the third iteration not run
+    # no error at all: nothing to carry, converged at once (0 / 0 is taken as converged, not as 100% apart)
+    got, used, rel = highway_iterations(torch.zeros_like(e), carry, back, k=3, tol=tol)
+    assert (used, rel) == (1, 0.0) and not got.any()  # stopped at the first check

@@ -478,3 +478,63 @@ def test_route_then_step_keeps_parametrized_orthogonal():
         opt.step()
     assert orthogonality_error(layer) < TOL32
     assert trainable_weight(layer).abs().sum() > 0
+
+
+def test_the_documented_bjorck_limits_and_a_copy_at_zero_iterations():
+    """README: make_orthogonal(layer, "bjorck", iters=8) by default, --orthogonal-iters above 100 refused; bjorck
+    with 0 iterations returns a copy, never the weight itself (issue 41: each survived a mutation)."""
+    layer = nn.Linear(6, 6).double()
+    make_orthogonal(layer, "bjorck")
+    assert layer._orthogonal_projection == Projection("bjorck", 8)
+    make_orthogonal(nn.Linear(6, 6), "bjorck", iters=100)
+    with pytest.raises(ModelConfigError, match="from 1 to 100, got 101"):
+        make_orthogonal(nn.Linear(6, 6), "bjorck", iters=101)
+    W = torch.randn(4, 6, dtype=torch.float64)
+    same = bjorck(W, 0)
+    assert torch.equal(same, W) and same.data_ptr() != W.data_ptr()
+
+
+class _Doubled(nn.Module):
+    """A parametrization that is not geotorch's: W = 2 X."""
+
+    def forward(self, X):
+        return 2 * X
+
+
+def test_a_parametrization_that_is_not_geotorchs_is_not_an_orthogonal_method():
+    """Only geotorch's orthogonal map, alone on the weight, counts (issue 41: a lone other parametrization was
+    read as if it had geotorch's ``triv``)."""
+    from models.orthogonal import has_parametrized_weight
+    from torch.nn.utils import parametrize
+
+    layer = nn.Linear(4, 4)
+    parametrize.register_parametrization(layer, "weight", _Doubled())
+    assert orthogonal_method(layer) is None and has_parametrized_weight(layer)
+    bias_only = nn.Linear(4, 4)
+    parametrize.register_parametrization(bias_only, "bias", _Doubled())
+    assert not has_parametrized_weight(bias_only)  # a parametrized bias is not a parametrized weight
+    assert not has_parametrized_weight(nn.Linear(4, 4))
+    assert has_parametrized_weight(make_orthogonal(nn.Linear(4, 4), "expm"))
+
+
+def test_orthogonality_error_takes_a_batch_of_matrices_and_refuses_a_vector():
+    Q = torch.linalg.qr(torch.randn(3, 5, 5, dtype=torch.float64)).Q
+    assert orthogonality_error(Q) < 1e-12
+    Q[1] *= 1.1  # one matrix of the batch off: its error is the batch's
+    assert orthogonality_error(Q) == pytest.approx(1.21 - 1, rel=1e-9)
+    with pytest.raises(ValueError, match="need a matrix"):
+        orthogonality_error(torch.ones(5))
+
+
+def test_two_gradients_routed_through_one_cached_weight():
+    """Inside parametrize.cached() W is computed once with its graph: a second product through it (an engine's
+    second layer sharing the weight, or a second pass) must still find the graph (issue 41: retain_graph)."""
+    from torch.nn.utils import parametrize
+
+    layer = make_orthogonal(nn.Linear(5, 5).double(), "cayley")
+    G1, G2 = torch.randn(5, 5, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64)
+    alone = route_weight_grad(layer, G2).clone()
+    with parametrize.cached(), torch.enable_grad():
+        layer.weight  # the cached W, with its graph
+        route_weight_grad(layer, G1)
+        torch.testing.assert_close(route_weight_grad(layer, G2), alone, rtol=1e-12, atol=1e-14)

@@ -426,3 +426,28 @@ def test_trainer_with_backprop():
     first = trainer.evaluate("train")["loss"]
     trainer.fit(steps=20)
     assert trainer.evaluate("train")["loss"] < first
+
+
+def test_a_symbol_cached_in_a_scope_is_computed_afresh_after_it():
+    """cached_symbols(): Q once inside the scope; after it, a changed kernel changes the output (issue 41: a scope
+    that never closed kept a stale Q for every later step)."""
+    from models.orthogonal.conv import cached_symbols
+
+    torch.manual_seed(0)
+    conv = OrthogonalConv2d(3, 3, 3, (4, 4)).double()
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    with cached_symbols():
+        before = conv(x)
+        with torch.no_grad():
+            conv.weight.mul_(1.5)  # inside the scope: the cached Q stays (the documented contract)
+        assert torch.equal(conv(x), before)
+    assert not torch.allclose(conv(x), before)
+
+
+def test_space_to_depth_refuses_an_input_of_another_shape_than_declared():
+    with pytest.raises(ValueError, match=r"SpaceToDepth.forward expects \(B, 3, 4, 4\), got \(2, 3, 4, 6\)"):
+        SpaceToDepth(2, in_shape=(3, 4, 4))(torch.randn(2, 3, 4, 6))
+
+
+def test_the_orthogonal_conv_block_defaults_to_a_3x3_kernel():
+    assert OrthoConvBlock((4, 8, 8), 4).conv.weight.shape[-2:] == (3, 3)

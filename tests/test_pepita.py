@@ -100,6 +100,7 @@ def test_the_feedback_fills_scale_times_sqrt_6_over_d0_where_multiplying_and_div
     bound = scale * math.sqrt(6 / 24)
     assert engine.F.shape == (24, 3)
     assert 0.9 * bound < float(engine.F.abs().max()) <= bound
+    assert float(engine.F.max()) > 0.8 * bound and float(engine.F.min()) < -0.8 * bound  # U(-bound, bound): both
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.05])

@@ -137,3 +137,13 @@ def test_a_declaration_that_is_not_the_models_forward_is_refused_in_one_line():
     assert "do not compute the model's forward on the example" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(models.ModelConfigError, match=r"blocks\[0\] must be a module"):
         models.residual_stack(gpt, stem=embed(gpt), blocks=[lambda h: h], head=gpt.lm_head)
+
+
+def test_a_declaration_is_checked_without_dropout_noise_while_the_model_trains():
+    """The first-batch check of a declared stack compares in eval mode (issue 41: in training mode two forwards
+    draw two dropout masks and a right declaration was refused); the model's mode is put back."""
+    torch.manual_seed(0)
+    branch = nn.Sequential(nn.Linear(5, 7), nn.Dropout(0.5), nn.Tanh(), nn.Linear(7, 5))
+    net = nn.Sequential(nn.Linear(6, 5), Residual(branch), nn.Linear(5, 3)).double().train()
+    stack = models.residual_stack(net, stem=net[0], blocks=[net[1].f], head=net[2])  # checked on the first batch
+    assert stack(torch.randn(8, 6, dtype=torch.float64)).shape == (8, 3) and net.training

@@ -210,9 +210,10 @@ def projected_weights(model: nn.Module) -> list[tuple[Tensor, Projection]]:
 
 
 @torch.no_grad()
-def project_weights_(entries: list[tuple[Tensor, Projection]]) -> list[int]:
+def project_weights_(entries: list[tuple[Tensor, Projection]], batched: bool | None = None) -> list[int]:
     """Project the given ``(weight, marker)`` pairs in place (see :func:`project_`), one batched
-    call per (method, iters, shape, dtype, device) on an accelerator, one call per weight on the CPU.
+    call per (method, iters, shape, dtype, device) on an accelerator, one call per weight on the CPU
+    (``batched``: True or False decides for every device; the tests run the batched path on the CPU).
 
     Björck runs as many iterations as each group needs to reach :data:`BJORCK_TOL` of its compute dtype, at most
     ``iters``: every group's Gram matrix (which its next iteration uses anyway) is measured
@@ -222,7 +223,7 @@ def project_weights_(entries: list[tuple[Tensor, Projection]]) -> list[int]:
     Returns the Björck iterations run per group (0 for a polar group)."""
     groups: dict[tuple, list[Tensor]] = {}
     for w, mark in entries:  # on the CPU one by one: its batched matmuls ran 15-20% slower than a loop of them
-        one_by_one = id(w) if w.device.type == "cpu" else None
+        one_by_one = id(w) if (w.device.type == "cpu" if batched is None else not batched) else None
         groups.setdefault((mark.method, mark.iters, tuple(w.shape), w.dtype, w.device, one_by_one), []).append(w)
     stacks = [(method, iters, weights, weights[0] if len(weights) == 1 else torch.stack(weights))
               for (method, iters, *_), weights in groups.items()]

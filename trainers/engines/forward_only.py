@@ -220,7 +220,7 @@ class ModulatedForward(GradientEngine):
     of the modulated output for the last layer), and the method ``feedback``.
     """
 
-    sign: float = -1.0
+    sign: float  # set by each engine (FOTON's class, PEPITA's variant)
     modulated_presynaptic: bool = False
     modulated_output_error: bool = False
     zoo = "mlp, ortho_lenet, ortho_convnet"
