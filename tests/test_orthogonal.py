@@ -504,8 +504,9 @@ class _Doubled(nn.Module):
 def test_a_parametrization_that_is_not_geotorchs_is_not_an_orthogonal_method():
     """Only geotorch's orthogonal map, alone on the weight, counts (issue 41: a lone other parametrization was
     read as if it had geotorch's ``triv``)."""
-    from models.orthogonal import has_parametrized_weight
     from torch.nn.utils import parametrize
+
+    from models.orthogonal import has_parametrized_weight
 
     layer = nn.Linear(4, 4)
     parametrize.register_parametrization(layer, "weight", _Doubled())
