@@ -536,6 +536,6 @@ def test_two_gradients_routed_through_one_cached_weight():
     G1, G2 = torch.randn(5, 5, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64)
     alone = route_weight_grad(layer, G2).clone()
     with parametrize.cached(), torch.enable_grad():
-        layer.weight  # the cached W, with its graph
+        assert layer.weight.grad_fn is not None  # the cached W, with its graph
         route_weight_grad(layer, G1)
         torch.testing.assert_close(route_weight_grad(layer, G2), alone, rtol=1e-12, atol=1e-14)
