@@ -242,3 +242,21 @@ def test_the_public_residual_sublayer_defaults_to_the_plain_residual():
     h = torch.randn(2, 3)
     assert sub.gamma == 0.0 and isinstance(sub.norm, nn.Identity)
     assert torch.equal(sub(h), h + sub.fn(h))
+
+
+def test_a_first_block_is_a_provider_only_when_no_other_block_hands_the_later_ones_anything():
+    """T5's shape: block 0 returns (y, bias) and every later block reads the bias: block 0 joins the stem. If block
+    1 also returns a tensor that block 2 reads, the chain is not that shape (issue 41: the blocks checked for
+    such tensors started one too late)."""
+    from models.adapters.discovery import _Call, _returns_what_the_others_read
+
+    h0, y0, bias, y1, extra, y2 = (torch.randn(2) for _ in range(6))
+
+    def chain(b1_returns, b2_reads):
+        return [_Call(nn.Identity(), 0, 1, args=(h0,), x=h0, y=y0, output=(y0, bias)),
+                _Call(nn.Identity(), 2, 3, args=(y0, bias), x=y0, y=y1, output=b1_returns),
+                _Call(nn.Identity(), 4, 5, args=b2_reads, x=y1, y=y2, output=(y2,))]
+
+    provider = chain((y1,), (y1, bias))
+    assert _returns_what_the_others_read(provider) is provider[0]
+    assert _returns_what_the_others_read(chain((y1, extra), (y1, bias, extra))) is None
