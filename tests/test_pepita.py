@@ -103,6 +103,13 @@ def test_the_feedback_fills_scale_times_sqrt_6_over_d0_where_multiplying_and_div
     assert float(engine.F.max()) > 0.8 * bound and float(engine.F.min()) < -0.8 * bound  # U(-bound, bound): both
 
 
+def test_the_feedback_seed_takes_every_63_bit_seed_and_refuses_past_them():
+    Pepita(feedback_seed=2**63 - 1)
+    for bad in (2**63, -1):
+        with pytest.raises(trainers.ConfigError, match=r"^--pepita-feedback-seed must be in \[0, 2\*\*63\), got "):
+            Pepita(feedback_seed=bad)
+
+
 @pytest.mark.parametrize("scale", [0.0, -0.05])
 def test_a_feedback_scale_that_is_not_positive_is_refused_in_one_line(scale):
     with pytest.raises(trainers.ConfigError, match=r"^--pepita-feedback-scale must be > 0, got "):

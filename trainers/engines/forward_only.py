@@ -220,9 +220,10 @@ class ModulatedForward(GradientEngine):
     of the modulated output for the last layer), and the method ``feedback``.
     """
 
-    sign: float  # set by each engine (FOTON's class, PEPITA's variant)
-    modulated_presynaptic: bool = False
-    modulated_output_error: bool = False
+    # set by each engine (FOTON's class; PEPITA's class and variant)
+    sign: float
+    modulated_presynaptic: bool
+    modulated_output_error: bool
     zoo = "mlp, ortho_lenet, ortho_convnet"
 
     def check(self, model):
