@@ -288,6 +288,18 @@ def test_recurrent_layers_are_restored_after_the_step():
 # ---------------------------------------------------------------- bad input
 
 
+@pytest.mark.parametrize("engine", ["dsf", "ftbptt"])
+def test_a_parameter_the_loss_never_reaches_gets_a_zero_gradient_and_the_step_goes_on(engine):
+    """A model with a module its forward does not use (a user's leftover head): its parameters get a zero
+    gradient, as under backprop, and the step does not fail on them."""
+    model = sequence_model(cell="gru")
+    model.unused = torch.nn.Linear(3, 3).double()
+    x, y = sequence_batch()
+    got = grads_of(trainers.build_engine(engine), model, x, y)
+    assert not got["unused.weight"].any() and not got["unused.bias"].any()
+    assert all(torch.isfinite(g).all() for g in got.values()) and got["stem.weight"].abs().sum() > 0
+
+
 def test_constant_feedback_defaults_to_a_half_and_a_refresh_of_one_step_is_taken():
     """The documented default a = 0.5 of feedback=constant (--dsf-decay), and refresh's smallest value, 1."""
     assert trainers.build_engine("dsf").Options().decay == 0.5

@@ -214,6 +214,41 @@ def test_glorot_on_the_layer_path_reads_both_fans_of_a_non_square_linear():
     assert B.shape == (90, 60) and B.abs().unique().tolist() == [pytest.approx(math.sqrt(2 / (60 + 90)), rel=1e-12)]
 
 
+def test_glorot_on_the_layer_path_reads_a_convolutions_fans_through_its_kernel():
+    """A Conv2d (out 6, in 4, kernel 3 x 5): fan_in 4 * 15, fan_out 6 * 15 (issue 41: the kernel's width alone)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 6, (3, 5), padding=(1, 2)),
+                          nn.Tanh(), nn.Flatten(), nn.Linear(6 * 16, 3)).double()
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(5, 1, 4, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (5,), generator=gen)
+    engine = trainers.build_engine("usf", scale="glorot", path="layers")
+    grads(model, engine, x, y)
+    B = engine.state_dict()["layers"]["used"]["2"]
+    assert B.abs().unique().tolist() == [pytest.approx(math.sqrt(2 / (4 * 15 + 6 * 15)), rel=1e-12)]
+
+
+def test_a_zero_weight_gets_a_zero_sign_feedback():
+    """sign(0) = 0: a weight entry that is exactly zero sends nothing back, never inf or nan (usf, brsf, frsf)."""
+    model, (x, y) = mlp(), batch()
+    with torch.no_grad():
+        model.layers[1].weight[0, 0] = 0.0
+    for rule in SIGNED:
+        engine = trainers.build_engine(rule)
+        got = grads(model, engine, x, y)
+        B = used(engine, "stack")[0]
+        assert B[0, 0] == 0 and torch.isfinite(B).all() and all(torch.isfinite(g).all() for g in got.values())
+
+
+@pytest.mark.parametrize("path", ["stack", "layers"])
+def test_the_step_count_counts_steps_on_both_paths(path):
+    """brsf draws step t's magnitudes from (seed, layer, t): the counter must advance by one a step."""
+    model, (x, y) = mlp(), batch()
+    engine = trainers.build_engine("brsf", path=path)
+    for _ in range(3):
+        grads(model, engine, x, y)
+    assert (engine.steps if path == "stack" else engine.layers.step) == 3
+
+
 @pytest.mark.parametrize("rule", ["fa", "usf", "brsf", "frsf", "dfa"])
 def test_the_feedback_seed_takes_every_63_bit_seed_and_refuses_past_them(rule):
     trainers.build_engine(rule, feedback_seed=2**63 - 1)

@@ -539,3 +539,15 @@ def test_two_gradients_routed_through_one_cached_weight():
         assert layer.weight.grad_fn is not None  # the cached W, with its graph
         route_weight_grad(layer, G1)
         torch.testing.assert_close(route_weight_grad(layer, G2), alone, rtol=1e-12, atol=1e-14)
+
+
+def test_a_layers_marker_cannot_be_changed_after_marking():
+    """The markers say how a layer is kept orthogonal; they are frozen (and hashable), never edited in place."""
+    import dataclasses
+
+    from models.orthogonal import Retraction
+
+    for mark in (Projection("bjorck", 8), Retraction()):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            mark.method = "polar"
+        assert hash(mark) == hash(dataclasses.replace(mark))

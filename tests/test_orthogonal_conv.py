@@ -451,3 +451,25 @@ def test_space_to_depth_refuses_an_input_of_another_shape_than_declared():
 
 def test_the_orthogonal_conv_block_defaults_to_a_3x3_kernel():
     assert OrthoConvBlock((4, 8, 8), 4).conv.weight.shape[-2:] == (3, 3)
+
+
+def test_the_fourier_matrices_center_the_kernel_at_its_middle_tap():
+    """E_h v = H ifft(v placed with its middle tap p = k // 2 at index 0, circularly): for k = 5 the kernel is
+    centered, as a 'same' convolution's (issue 41: the center read as k // 3, which agrees with k // 2 at k = 3)."""
+    conv = OrthogonalConv2d(2, 2, 5, (7, 8)).double()
+    E_h, E_w = conv._dft_matrices(torch.complex128, "cpu")
+    v = torch.randn(5, dtype=torch.float64)
+    for E, n in ((E_h, 7), (E_w, 8)):
+        placed = torch.zeros(n, dtype=torch.float64)
+        placed[(torch.arange(5) - 2) % n] = v
+        expected = (n * torch.fft.ifft(placed.to(torch.complex128)))[:E.shape[0]]
+        torch.testing.assert_close(E @ v.to(torch.complex128), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_flatten_linear_refuses_an_input_of_another_shape():
+    """(B, *in_shape) or already flat (B, prod): anything else is refused in one line, not flattened into a
+    Linear of the right width by chance ((B, 6, 4, 2) has the 48 features of (B, 3, 4, 4))."""
+    layer = FlattenLinear((3, 4, 4), 5)
+    assert layer(torch.randn(2, 3, 4, 4)).shape == (2, 5) and layer(torch.randn(2, 48)).shape == (2, 5)
+    with pytest.raises(ValueError, match=r"FlattenLinear.forward expects \(B, 3, 4, 4\), got \(2, 6, 4, 2\)"):
+        layer(torch.randn(2, 6, 4, 2))

@@ -103,6 +103,18 @@ def test_the_feedback_fills_scale_times_sqrt_6_over_d0_where_multiplying_and_div
     assert float(engine.F.max()) > 0.8 * bound and float(engine.F.min()) < -0.8 * bound  # U(-bound, bound): both
 
 
+def test_a_forward_hook_on_a_layer_is_part_of_the_forward_the_engine_runs():
+    """Hooked layers and a hooked activation are run as the model runs them (hooks and all), never by bare
+    F.linear and an in-place tanh (issue 41: the test for hooks inverted); the step's outputs are the model's."""
+    torch.manual_seed(0)
+    model = models.build("mlp", in_features=6, out_features=3, depth=3, width=5).double()
+    for module in [*model.layers, model.act]:
+        module.register_forward_hook(lambda module, args, out: 0.5 * out)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.randint(0, 3, (4,))
+    step = Pepita().compute_grads(model, x, y, cross_entropy_loss)
+    torch.testing.assert_close(step.outputs, model(x), rtol=1e-12, atol=1e-14)
+
+
 def test_the_feedback_seed_takes_every_63_bit_seed_and_refuses_past_them():
     Pepita(feedback_seed=2**63 - 1)
     for bad in (2**63, -1):

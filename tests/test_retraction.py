@@ -411,3 +411,27 @@ def test_a_step_reads_the_host_once_whatever_the_depth(engine, monkeypatch):
         layer, ref = model.layers[-2], reference.layers[-2]
         assert torch.allclose(layer.weight, cayley_retract(ref.weight.detach(), ref.weight.grad, 0.2), atol=1e-12)
     assert reads == {3: 1, 9: 1}
+
+
+def test_a_retracted_weight_left_out_of_the_optimizer_is_not_stepped():
+    """A layer frozen by leaving its weight out of the optimizer keeps it, gradient or not (issue 41: the
+    selection of the weights to retract turned from 'in the optimizer and with a gradient' to 'or')."""
+    model = mlp()
+    x, y = batch()
+    retraction = CayleyRetraction(model)
+    frozen = model.layers[1].weight.detach().clone()
+    opt = torch.optim.SGD([p for n, p in model.named_parameters() if not n.startswith("layers.1.")], lr=0.1)
+    with retraction.recording():
+        trainers.build_engine("backprop").compute_grads(model, x, y, F.cross_entropy)
+    assert model.layers[1].weight.grad is not None
+    retraction.step(opt)
+    assert torch.equal(model.layers[1].weight.detach(), frozen)
+
+
+def test_the_drift_is_measured_from_the_identity():
+    """dense_drift: rms eigenvalue of X^T X - I over 64 eps; an orthogonal matrix is below 1 (no correction), one
+    scaled by 1 + 1e-10 above (issue 41: the identity not subtracted)."""
+    from models.orthogonal.cayley import dense_drift
+
+    Q = torch.linalg.qr(torch.randn(12, 8, dtype=F64)).Q
+    assert float(dense_drift(Q)) < 1 < float(dense_drift(Q * (1 + 1e-10)))

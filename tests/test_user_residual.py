@@ -147,3 +147,12 @@ def test_a_declaration_is_checked_without_dropout_noise_while_the_model_trains()
     net = nn.Sequential(nn.Linear(6, 5), Residual(branch), nn.Linear(5, 3)).double().train()
     stack = models.residual_stack(net, stem=net[0], blocks=[net[1].f], head=net[2])  # checked on the first batch
     assert stack(torch.randn(8, 6, dtype=torch.float64)).shape == (8, 3) and net.training
+
+
+def test_nothing_declared_means_found_and_gamma_must_stay_below_one():
+    """residual_stack(model, example=x) with no stem, blocks or head finds the structure; gamma in [0, 1)."""
+    net, _, x, _, _ = mlp_stack()
+    assert isinstance(models.residual_stack(net, example=x), models.adapters.discovery.ResidualFound)
+    for gamma in (1.0, 1.5, -0.1):
+        with pytest.raises(models.ModelConfigError, match=r"gamma must be in \[0, 1\)"):
+            models.residual_stack(net, stem=net[0], blocks=[net[1].f], head=net[5], gamma=gamma)
