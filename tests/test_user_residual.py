@@ -156,3 +156,22 @@ def test_nothing_declared_means_found_and_gamma_must_stay_below_one():
     for gamma in (1.0, 1.5, -0.1):
         with pytest.raises(models.ModelConfigError, match=r"gamma must be in \[0, 1\)"):
             models.residual_stack(net, stem=net[0], blocks=[net[1].f], head=net[5], gamma=gamma)
+
+
+def test_a_shape_mismatch_of_the_same_size_is_not_blamed_on_missing_targets():
+    """Only a model output smaller than the head's (nanoGPT's last position without targets) points at the
+    targets; the same number of elements in another shape points at the head (issue 41: > read as >=)."""
+
+    class Transposed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.block, self.head = nn.Linear(4, 3), nn.Linear(3, 3), nn.Linear(3, 2)
+
+        def forward(self, x, targets=None):
+            h = self.stem(x)
+            return self.head(h + self.block(h)).t()  # (2, B): the scores transposed
+
+    net = Transposed().double()
+    with pytest.raises(models.ModelConfigError, match="a head that ends at another output") as err:
+        models.residual_stack(net, stem=net.stem, blocks=[net.block], head=net.head)(torch.randn(5, 4).double())
+    assert "call the stack with (inputs, targets)" not in str(err.value)
