@@ -260,3 +260,36 @@ def test_a_first_block_is_a_provider_only_when_no_other_block_hands_the_later_on
     provider = chain((y1,), (y1, bias))
     assert _returns_what_the_others_read(provider) is provider[0]
     assert _returns_what_the_others_read(chain((y1, extra), (y1, bias, extra))) is None
+
+
+class PostLN(nn.Module):
+    def __init__(self, width=6):
+        super().__init__()
+        self.fc, self.ln = nn.Linear(width, width), nn.LayerNorm(width)
+
+    def forward(self, h):
+        return self.ln(h + torch.tanh(self.fc(h)))
+
+
+class PostLNNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.head = nn.Linear(5, 6), nn.Linear(6, 4)
+        self.blocks = nn.ModuleList(PostLN() for _ in range(3))
+
+    def forward(self, x):
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def test_gamma_splits_only_a_plain_residual_and_a_found_post_ln_stack_stays_exact():
+    """The paper's split (branch z + gamma h) is of h + z; a post-LN block's LN(h + z) keeps its own reading
+    (z = [a, b]) whatever gamma: exact at full k with gamma 0.2 (issue 41: the split applied to every kind)."""
+    model, x, y = classified(PostLNNet, 5)
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    stack = models.residual_stack(model, example=(x, y), gamma=0.2)
+    assert stack.found.endswith("3 LayerNorm(h + z)")
+    got = engine_grads(stack, trainers.build_engine("highway", k=100), x, y, cross_entropy_loss, strip="model.")
+    assert relative(got, exact) < 1e-10
