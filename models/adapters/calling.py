@@ -364,14 +364,10 @@ def _shifted_once_more(loss_fn, outputs: torch.Tensor, targets: torch.Tensor):
     if outputs.dim() != 3 or targets.dim() != 2 or targets.is_floating_point() or outputs.shape[:2] != targets.shape \
             or targets.shape[1] < 2:
         return None
-    with torch.enable_grad():
-        probe = outputs.detach().double().requires_grad_()
-        try:
-            value = loss_fn(probe[:, :-1], targets[:, 1:].contiguous())
-        except (RuntimeError, IndexError, ValueError):
-            return None
-        grad = torch.autograd.grad(value, probe)[0] if value.requires_grad else None
-    return float(value.detach()), grad
+    try:
+        return _loss_and_grad(lambda y, t: loss_fn(y[:, :-1], t[:, 1:].contiguous()), outputs, targets)
+    except (RuntimeError, IndexError, ValueError):
+        return None
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
