@@ -16,10 +16,11 @@ from trainers.cli.args import (
     trainers_for,
 )
 from trainers.cli.names import default_experiment
-from trainers.cli.process import run_cli, stage
+from trainers.cli.process import run_cli
 from trainers.core.errors import (
     ConfigError,
     NonFiniteLossError,
+    stage,
 )
 from trainers.core.options import options_from_args
 from trainers.core.threads import set_threads

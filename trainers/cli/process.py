@@ -3,7 +3,6 @@ one line and 1, Ctrl-C 130, SIGTERM 143 (the run stops as on Ctrl-C, its checkpo
 
 import signal
 import sys
-from contextlib import contextmanager
 
 from trainers.core.distributed import DataParallel
 from trainers.core.errors import (
@@ -11,18 +10,16 @@ from trainers.core.errors import (
     DistributedError,
     ModelRunError,
     NonFiniteLossError,
-    RunInterrupted,
     RunOutOfMemory,
     RunTerminated,
     RunWriteError,
     Terminated,
     command_line,
-    interruption,
     out_of_memory,
 )
 from trainers.run.records import forget_notes
 
-__all__ = ["run_cli", "stage", "INTERRUPTED", "TERMINATED"]
+__all__ = ["run_cli", "INTERRUPTED", "TERMINATED"]
 
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
@@ -77,19 +74,6 @@ def _run_reporting(main) -> int:
     sys.stderr.write(f"error: {prefix}{message}\n")
     sys.stderr.flush()
     return code
-
-
-@contextmanager
-def stage(what: str):
-    """Within this block, Ctrl-C or SIGTERM ends the command with one line saying what was kept: ``"interrupted
-    " + what`` (``what`` names the phase and what it leaves, e.g. "while building the model, before training:
-    nothing was trained"); an interruption that already says it (a run's) passes through."""
-    try:
-        yield
-    except RunInterrupted:
-        raise
-    except KeyboardInterrupt as err:
-        raise interruption(err, what) from None
 
 
 def _terminate(signum, frame):

@@ -12,7 +12,8 @@ from trainers.cli.args import (
     other_trainer_flags,
 )
 from trainers.cli.names import default_experiment, default_run_name
-from trainers.cli.process import run_cli, stage
+from trainers.cli.process import run_cli
+from trainers.core.errors import stage
 from trainers.core.options import options_from_args
 from trainers.core.registry import available
 from trainers.core.threads import set_threads

@@ -41,6 +41,8 @@ __all__ = [
     "on_command_line",
     "out_of_memory",
     "spell",
+    "interruption",
+    "stage",
 ]
 
 
@@ -102,6 +104,19 @@ def interruption(err: KeyboardInterrupt, what: str) -> RunInterrupted:
     if isinstance(err, Terminated):
         return RunTerminated(f"terminated (SIGTERM) {what}")
     return RunInterrupted(f"interrupted {what}")
+
+
+@contextmanager
+def stage(what: str):
+    """Within this block, Ctrl-C or SIGTERM ends the command with one line saying what was kept: ``"interrupted
+    " + what`` (``what`` names the phase and what it leaves, e.g. "while building the model, before training:
+    nothing was trained"); an interruption that already says it (a run's) passes through."""
+    try:
+        yield
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt as err:
+        raise interruption(err, what) from None
 
 
 class RunOutOfMemory(RuntimeError):

@@ -16,9 +16,8 @@ from trainers.core.errors import (
     ConfigError,
     IncompatibleModelError,
     NonFiniteLossError,
-    RunInterrupted,
-    interruption,
     spell,
+    stage,
 )
 from trainers.core.registry import engine_class
 from trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
@@ -96,14 +95,12 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
     # rank 0 decides whether a resume reuses its record; every rank times (in lockstep), rank 0's numbers count
     previous = here.broadcast_object(_previous_record(out_dir, trainers, ref) if resume and here.is_main else None,
                                      "sharing rank 0's step timing")
-    try:
+    with stage("while timing the trainers' steps, before any run: nothing was trained; the same command starts "
+               "the comparison again"):
         timing = previous["timing"] if previous else here.broadcast_object(
             time_steps({t: build(t, seeds[0]) for t in trainers}, ref, rounds=timing_rounds, clock=clock,
                        progress=speak, every=first.progress_seconds, threads_too=threads_too),
             "sharing rank 0's step timing")
-    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM before any run: say that nothing is lost but the timing
-        raise interruption(err, "while timing the trainers' steps, before any run: nothing was trained; the same "
-                                "command starts the comparison again") from None
     lengths = _run_lengths(budget, ref, {t: setups[(t, seeds[0])] for t in trainers}, epochs, steps, timing)
     # comparison.json from here on, so that an interrupted comparison resumes with the same timing and budget
     record = {"reference": ref, "budget": budget, "target": target, "seeds": seeds, "lengths": lengths,
@@ -118,9 +115,9 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
             write_text_atomic(out_dir / COMPARISON_FILE, json.dumps(record, indent=2) + "\n")
 
     write_record()
-    phase = "while building the runs, after the step timing (kept in comparison.json): no run was trained"
     failures: list[dict] = []
-    try:
+    with stage(f"while building the runs, after the step timing (kept in comparison.json): no run was trained; "
+               f"{spell('resume')} continues the comparison"):  # a run's own interruption says its step
         trainer_objs = {key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir, experiment=experiment,
                                      run_name=run_name or key[0], overwrite=overwrite, meta=s.meta,
                                      settings=s.settings, timing=timing["trainers"][key[0]])
@@ -129,20 +126,17 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
             failure = _run_or_record(trainer, name, seed, resume=resume, allow_changes=allow_changes, **lengths[name])
             failures += [failure] if failure else []
             write_record()
-        task = next(iter(setups.values())).task
-        if not here.is_main:  # under torchrun, rank 0 writes the summary
-            return {"results": {}, "table": "", "dir": out_dir, "failures": failures}
-        phase = f"while writing the summary and the figure, after every run finished (each kept in {out_dir})"
+    task = next(iter(setups.values())).task
+    if not here.is_main:  # under torchrun, rank 0 writes the summary
+        return {"results": {}, "table": "", "dir": out_dir, "failures": failures}
+    with stage(f"while writing the summary and the figure, after every run finished (each kept in {out_dir}); "
+               f"{spell('resume')} continues the comparison"):
         results = experiment_runs(out_dir)
         table = write_summary(out_dir, experiment, task, results, record)
         write_experiment_config(out_dir)
         title = f"{experiment}: task {task.name}, model {model_text(results)}"
         plot_comparison({run: [r["history"] for r in seeds] for run, seeds in results.items()}, task.metric_name,
                         out_dir / "comparison.png", title=title)
-    except RunInterrupted:  # a run's own line: its step and checkpoint
-        raise
-    except KeyboardInterrupt as err:
-        raise interruption(err, f"{phase}; {spell('resume')} continues the comparison") from None
     return {"results": results, "table": table, "dir": out_dir, "failures": failures, "comparison": record}
 
 
