@@ -27,6 +27,7 @@ from trainers.experiments.compare import compatible
 from trainers.experiments.recipes import recipe_for
 from trainers.run.config import TrainConfig
 from trainers.run.memory import check_fits
+from trainers.run.notes import note_once
 from trainers.run.rundir import note
 
 __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_threads_flag", "add_settings_flag",
@@ -36,7 +37,6 @@ __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_thre
 
 
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
-_SAID: set[str] = set()  # the notes of build_from_args said in this process
 
 
 MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; larger ones overflow torch's sizes
@@ -213,11 +213,9 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         if key in given_cfg or not recipe:  # the user's own choice, or the defaults: the flag applies to nothing
             raise ConfigError(f"{flag} applies only with {needed}, and this run's {key} is {getattr(cfg, key)}; "
                               f"drop it or set {needed}")
-        said = f"{flag} is unused by '{trainer}': its recipe's {key} is {getattr(cfg, key)} ({flag} applies only " \
-               f"with {needed})"
-        if DataParallel().is_main and said not in _SAID:  # a comparison builds each trainer's setup several times
-            _SAID.add(said)
-            note(said)
+        if DataParallel().is_main:  # once: a comparison builds each trainer's setup several times
+            note_once(f"{flag} is unused by '{trainer}': its recipe's {key} is {getattr(cfg, key)} ({flag} applies "
+                      f"only with {needed})")
     engine = build_engine(trainer, **{**(recipe.engine_values() if recipe else {}), **given_engine})
     for other, flags in other_trainer_flags(args, trainer).items():  # unused, but never invalid
         build_engine(other, **flags)

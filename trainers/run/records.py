@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainers.run.notes import note
+from trainers.run.notes import forget_said, note
 
 __all__ = ["read_record", "read_records", "result_problem", "failure_problem", "forget_notes"]
 
@@ -19,8 +19,9 @@ _NOTED: set[Path] = set()  # damaged files already noted by this command
 
 
 def forget_notes() -> None:
-    """A new command starts: damaged files are noted again (``trainers.cli.run_cli``)."""
+    """A new command starts: damaged files and once-said notes are noted again (``trainers.cli.run_cli``)."""
     _NOTED.clear()
+    forget_said()
 
 
 def _is_metrics(value, metric: str) -> bool:
