@@ -9,6 +9,7 @@ outputs ``output_shape``, e.g. ``(T, V)`` logits. Target positions equal to
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -70,6 +71,16 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return hits.sum().double() / counted.sum().clamp_min(1).double()
 
 
+def split_fingerprint(train: Split, val: Split, test: Split) -> str:
+    """A short hash of which samples are in which split, in which order (the targets of the three splits and the
+    first training inputs): another ``--split-seed`` or other data files give another fingerprint."""
+    digest = hashlib.sha1()
+    for split in (train, val, test):
+        digest.update(split.targets.contiguous().numpy().tobytes())
+    digest.update(train.inputs[:64].contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 @dataclass
 class Split:
     """One split of a data set.
@@ -97,6 +108,13 @@ class Split:
     def __len__(self) -> int:
         return int(self.targets.shape[0])
 
+    def take(self, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)`` of the samples at ``rows`` (a slice or an index tensor), as copies: code that runs
+        a model is never handed a view of a split, so nothing it writes in place reaches the data."""
+        if isinstance(rows, slice):
+            rows = torch.arange(len(self))[rows]
+        return self.inputs[rows], self.targets[rows]  # indexing by a tensor copies
+
 
 @dataclass
 class Task:
@@ -118,6 +136,9 @@ class Task:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = field(default=cross_entropy_loss)
     output_shape: tuple[int, ...] | None = None
     vocab: tuple[str, ...] | None = None
+    fingerprint: str = field(init=False, repr=False, compare=False)
+    """Which samples are in which split, in which order (``split_fingerprint``), read when the task is made:
+    before any code runs a model on its data."""
 
     def __post_init__(self) -> None:
         self.input_shape = tuple(int(d) for d in self.input_shape)
@@ -145,6 +166,7 @@ class Task:
                     f"task '{self.name}': {split_name} targets have sample shape {tuple(split.targets.shape[1:])}, "
                     f"which does not match the output shape {self.expected_output_shape}"
                 )
+        self.fingerprint = split_fingerprint(self.train, self.val, self.test)
 
     def _check_labels(self, split_name: str, split: Split) -> None:
         """Class labels in [0, classes) and token targets in [0, vocabulary), or ``IGNORE_INDEX``: a label out

@@ -19,6 +19,12 @@ them train without a wrapper class:
   the model's own ``prepare_decoder_input_ids_from_labels`` (teacher forcing), to
   the decoder as ``decoder_input_ids``; the output at position t predicts target t.
 
+The model is given its own copy of the batch (``own_copy``) at every call: a forward that writes
+into its input (an in-place activation after a module an engine passes through, as discovery's
+runs do; or the model's own ``x.mul_``) changes that copy only, so the caller's tensors, the
+task's splits included, are never written, and every run of a check or an engine sees the batch
+as given. A direct ``model(x)`` outside the framework changes ``x`` as PyTorch does.
+
 These common shapes need no configuration; anything else (a dict without
 ``logits``, a tuple whose first element is not a tensor) is refused in one line
 naming what came back and the option that says which part is the output. A
@@ -58,8 +64,8 @@ from torch import nn
 
 from models.errors import ModelConfigError, one_line
 
-__all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "forward_loss", "check_own_loss", "model_call",
-           "describe", "passes_state", "read_output", "own_loss_difference", "CALL_KEYS"]
+__all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "own_copy", "forward_loss", "check_own_loss",
+           "model_call", "describe", "passes_state", "read_output", "own_loss_difference", "CALL_KEYS"]
 
 TARGET_NAMES = ("targets", "target", "y")  # a forward parameter of this name receives the targets
 OWN_LOSS_TARGET_NAMES = ("targets", "target", "labels", "y")  # ... and ``labels`` where the model's loss is used
@@ -252,8 +258,24 @@ def _find_loss(value: Any, output: torch.Tensor) -> torch.Tensor:
     return found[0]
 
 
+def own_copy(value: Any) -> Any:
+    """``value`` with every tensor in it cloned (contiguous; a tensor's graph kept), in the same tuples, lists
+    and dicts: what code that runs a model is handed instead of the caller's tensors (module docstring)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone(memory_format=torch.contiguous_format)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(own_copy(v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(own_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: own_copy(v) for k, v in value.items()}
+    return value
+
+
 def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> CallResult:
-    """Call ``model`` as declared (module docstring) on a (B, ...) batch; the outputs come back (B, ...)."""
+    """Call ``model`` as declared (module docstring) on its own copy of a (B, ...) batch (``own_copy``); the
+    outputs come back (B, ...)."""
+    inputs, targets = own_copy(inputs), own_copy(targets)
     plan = _plan(model)
     call = plan.call
     time_first = call.layout == "time_first"

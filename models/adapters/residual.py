@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from models.adapters.calling import TARGET_NAMES, call_model, describe, model_call, read_output
+from models.adapters.calling import TARGET_NAMES, call_model, describe, model_call, own_copy, read_output
 from models.adapters.discovery import ResidualFound, discover
 from models.errors import ModelConfigError, one_line
 
@@ -78,7 +78,7 @@ class ResidualView(nn.Module):
         if not self._checked:  # declared without an example: checked on the first batch
             _check(self, self.model, x, targets)
             self.__dict__["_checked"] = True
-        return self._stem(x)
+        return self._stem(own_copy(x))  # a declared stem is the user's code: it gets its own copy, as a model
 
     def head(self, h):
         return self._head(h)
@@ -96,7 +96,7 @@ def _check(view: ResidualView, model: nn.Module, inputs, targets) -> None:
     model.eval()  # no dropout noise in the comparison
     try:
         with torch.no_grad():
-            h = view._stem(inputs)
+            h = view._stem(own_copy(inputs))
             for block in view.blocks:
                 h = block(h)
             mine, theirs = view._head(h), call_model(model, inputs, targets).outputs

@@ -241,7 +241,7 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         else model_options
 
     def fits(build) -> None:
-        check_fits(build, task.train.inputs[:1], batch_size=min(cfg.batch_size, len(task.train)),
+        check_fits(build, task.train.take(slice(0, 1))[0], batch_size=min(cfg.batch_size, len(task.train)),
                    optimizer=cfg.optimizer, momentum=cfg.momentum, dtype=getattr(torch, cfg.dtype),
                    device=torch.device(local_device(cfg.device)), depth=model_options.get("depth"))
 
@@ -323,8 +323,9 @@ _SAID: set[str] = set()
 
 
 def _example(task) -> tuple:
-    """Two training samples, the run a residual stack is found from."""
-    return task.train.inputs[:2], task.train.targets[:2]
+    """Two training samples (copies: the split is never handed to discovery), the run a residual stack is found
+    from."""
+    return task.train.take(slice(0, 2))
 
 
 def trainers_for(model, task) -> tuple[list[str], dict[str, str]]:

@@ -9,6 +9,9 @@ A gradient engine turns (model, batch, loss) into a gradient estimate:
 * no parameter value changes, no Parameter object is replaced, no optimizer
   steps: optimizers, schedules, clipping and orthogonality upkeep are the
   Trainer's;
+* the caller's inputs and targets are never written: ``compute_grads`` runs on
+  its own copy of the batch (``models.adapters.calling.own_copy``), and every
+  run of the model through ``call_model`` on a copy of its own;
 * ``out.loss`` is the (detached) loss of the clean forward pass on the batch,
   ``out.outputs`` its (detached) outputs.
 
@@ -38,6 +41,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from models.adapters.calling import own_copy
 from trainers.core.options import as_dict, parse_options
 from trainers.core.threads import threads_for_api
 
@@ -66,9 +70,12 @@ def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | N
 
 
 def _checked_first(compute_grads):
-    """``compute_grads`` that first runs ``self.prepare`` on the batch (once per model)."""
+    """``compute_grads`` on its own copy of the batch (``own_copy``: whatever the engine's runs of the model
+    write in place, the caller's tensors are not written), that first runs ``self.prepare`` on it (once per
+    model)."""
     @functools.wraps(compute_grads)
     def wrapper(self, model, inputs, targets, loss_fn):
+        inputs, targets = own_copy(inputs), own_copy(targets)
         self.prepare(model, inputs, targets, loss_fn)
         return compute_grads(self, model, inputs, targets, loss_fn)
     return wrapper

@@ -40,10 +40,11 @@ def tolerance(dtype: torch.dtype) -> float:
 
 @contextlib.contextmanager
 def kept(model: nn.Module) -> Iterator[None]:
-    """Each module's mode and every buffer (BatchNorm statistics) put back after whatever runs inside; eval-mode
-    caches dropped on the way out (``fresh_eval``)."""
+    """Each module's mode and every buffer (BatchNorm statistics) put back after whatever runs inside, a buffer
+    written only where it changed (one nothing wrote keeps its version counter); eval-mode caches dropped on
+    the way out (``fresh_eval``)."""
     modes = {m: m.training for m in model.modules()}
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    buffers = [(b, b._version, b.detach().clone()) for b in model.buffers()]
     try:
         yield
     finally:
@@ -51,8 +52,9 @@ def kept(model: nn.Module) -> Iterator[None]:
         for module, mode in modes.items():
             module.training = mode
         with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
+            for b, version, saved in buffers:
+                if b._version != version:
+                    b.copy_(saved)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from torch import nn
 
 from trainers.core.engine import GradientEngine, LossFn, trainable_parameters
 from trainers.core.rng import set_torch_rng_state, torch_rng_state
+from trainers.core.self_check import kept
 from trainers.engines.backprop import Backprop
 
 __all__ = ["gradient_agreement", "compare_grads"]
@@ -73,21 +74,17 @@ def gradient_agreement(model: nn.Module, engine: GradientEngine, inputs: torch.T
 
     Returns ``{"global": cos, "per_param": {name: {"cosine", "rel_error", "norm_ratio"}}}``.
     """
-    saved_state = copy.deepcopy(model.state_dict())
     saved_grads = {name: p.grad for name, p in model.named_parameters()}
     saved_engine = copy.deepcopy(engine.state_dict())
-    saved_mode = {m: m.training for m in model.modules()}
     rng = torch_rng_state()
     try:
-        grads = _grads_of(engine, model, inputs, targets, loss_fn, rng)
-        model.load_state_dict(saved_state)  # an engine may touch buffers (e.g. norm statistics)
-        reference = _grads_of(Backprop(), model, inputs, targets, loss_fn, rng)
+        with kept(model):  # modes and buffers (norm statistics) as they were, for the reference as after it
+            with kept(model):
+                grads = _grads_of(engine, model, inputs, targets, loss_fn, rng)
+            reference = _grads_of(Backprop(), model, inputs, targets, loss_fn, rng)
     finally:
-        model.load_state_dict(saved_state)
         for name, p in model.named_parameters():
             p.grad = saved_grads[name]
-        for m, mode in saved_mode.items():
-            m.training = mode
         engine.load_state_dict(saved_engine)
         set_torch_rng_state(rng)
     return compare_grads(grads, reference)

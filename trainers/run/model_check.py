@@ -25,8 +25,8 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     and in training mode (its buffers, e.g. BatchNorm statistics, put back after), or returns no tensor; or if
     its own loss, where declared (``loss="model"``), is the task's loss against targets shifted once more
     (``check_own_loss``); a note says how far any other own loss is from the task's (none with ``loss="own"``)."""
-    x = to_device(task.train.inputs[:2], device, dtype)
-    targets = task.train.targets[:2].to(device)
+    x, targets = task.train.take(slice(0, 2))
+    x, targets = to_device(x, device, dtype), targets.to(device)
     with kept(model):  # its modes and buffers (BatchNorm statistics) put back after
         for mode in (False, True):
             model.train(mode)

@@ -27,7 +27,6 @@ batch, so a run continues with any number of ranks that keeps it.
 """
 
 import copy
-import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -69,16 +68,6 @@ def eval_subset(n: int, batches: int | None, batch_size: int) -> torch.Tensor | 
     if batches is None or batches * batch_size >= n:
         return None
     return torch.randperm(n, generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:batches * batch_size]
-
-
-def split_fingerprint(task: Task) -> str:
-    """A short hash of which samples are in which split, in which order (the targets of the three splits and the
-    first training inputs): another ``--split-seed`` or other data files give another fingerprint."""
-    digest = hashlib.sha1()
-    for split in (task.train, task.val, task.test):
-        digest.update(split.targets.contiguous().numpy().tobytes())
-    digest.update(task.train.inputs[:64].contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 class Trainer:
@@ -124,9 +113,9 @@ class Trainer:
         engine.check(model)
         self.model = model.to(device=self.device, dtype=self.dtype)
         check_task_model(self.model, task, self.device, self.dtype)
-        first = slice(0, min(cfg.batch_size, len(task.train)))  # the engine's self-check, before anything is written
-        engine.prepare(self.model, to_device(task.train.inputs[first], self.device, self.dtype),
-                       task.train.targets[first].to(self.device), task.loss_fn)
+        # the engine's self-check on the first batch (a copy), before anything is written
+        first_x, first_y = task.train.take(slice(0, cfg.batch_size))
+        engine.prepare(self.model, to_device(first_x, self.device, self.dtype), first_y.to(self.device), task.loss_fn)
         said = engine.structure(self.model)
         if said is not None and said not in _SAID and self.parallel.is_main:  # once per process (compare's seeds)
             _SAID.add(said)
@@ -203,7 +192,7 @@ class Trainer:
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
             self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
         rows = self.parallel.shard(self._order[1][index * self.global_batch:(index + 1) * self.global_batch])
-        inputs, targets = self.task.train.inputs[rows], self.task.train.targets[rows]
+        inputs, targets = self.task.train.take(rows)
         return to_device(inputs, self.device, self.dtype), targets.to(self.device)
 
     @torch.no_grad()
@@ -223,8 +212,8 @@ class Trainer:
         batches = math.ceil(len(rows) / self.cfg.eval_batch_size)
         for start in range(0, len(rows), self.cfg.eval_batch_size):
             batch = rows[start:start + self.cfg.eval_batch_size]
-            x = to_device(data.inputs[batch], self.device, self.dtype)
-            y = data.targets[batch].to(self.device)
+            x, y = data.take(batch)
+            x, y = to_device(x, self.device, self.dtype), y.to(self.device)
             out = call_model(self.model, x, y).outputs
             n = float((y != IGNORE_INDEX).sum())
             total_loss += self.task.loss_fn(out, y).item() * n
@@ -275,7 +264,7 @@ class Trainer:
         return {"trainer": self.engine.name, "engine": self.engine.hparams(), "model": self.meta,
                 "task": {"name": task.name, "input_shape": list(task.input_shape), "outputs": task.num_outputs,
                          **{split: len(getattr(task, split)) for split in ("train", "val", "test")},
-                         "split": split_fingerprint(task)}}
+                         "split": task.fingerprint}}
 
     def save_checkpoint(self) -> Path | None:
         """Write the run directory's newest checkpoint atomically, keeping the previous one (rank 0 only)."""
