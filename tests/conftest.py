@@ -59,3 +59,17 @@ def _comparisons_time_at_their_own_thread_count(monkeypatch):
     equal-compute margin's, trainers.experiments.step_timing.other_threads) reads the machine's load, which a
     test cannot fix; the tests of that second timing ask for it."""
     monkeypatch.setattr("trainers.experiments.compare.other_threads", lambda device: None)
+
+
+
+@pytest.fixture(autouse=True)
+def _callers_data_guarded(request, monkeypatch):
+    """In every test, every call of an entry point that runs a user's model its own way (each engine's
+    ``compute_grads`` and ``prepare``, ``residual_stack``, ``check_task_model``, ``gradient_agreement``) fails if
+    it writes the caller's data, the model's parameters or buffers its own forward does not update
+    (``tests/caller_data.py``; it costs the suite no measurable time). A test marked ``unguarded`` (a contrast,
+    which plants the fault the guard is for) runs without it."""
+    from caller_data import guard_entry_points
+
+    if request.node.get_closest_marker("unguarded") is None:
+        guard_entry_points(monkeypatch)

@@ -154,3 +154,20 @@ def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_pat
                        "8", "--logdir", str(tmp_path), "--progress", "false"])
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err and f"note: {trainer}: " in err
+
+
+def test_nfnets_stem_of_in_place_activations_leaves_the_example_and_highway_is_exact():
+    """timm's eca_nfnet_l0 (issue 47): discovery runs the forward with the stem's convolutions passing their input
+    through, and the stem's in-place activation wrote into the example (3.9 on unit-normal inputs); Highway-BP at
+    full k then matched autograd only on the changed data. Now the example is left as given and Highway-BP is
+    autograd's on it (float64, a 32 x 32 image: every stage keeps a spatial size)."""
+    torch.manual_seed(0)
+    model = timm.create_model("eca_nfnet_l0", num_classes=10, in_chans=1).double().eval()
+    x, y = torch.randn(2, 1, 32, 32, dtype=torch.float64), torch.tensor([1, 4])
+    given = x.clone()
+    stack = models.residual_stack(model, example=(x, y))
+    assert torch.equal(x, given) and x._version == 0
+    assert stack.found.startswith("12 blocks (NormFreeBlock in stages.0, stages.1, stages.2, stages.3)")
+    exact = autograd_grads(model, cross_entropy_loss(model(x.clone()), y))
+    assert relative(grads(stack, trainers.build_engine("highway", k=20), x, y), exact) < 1e-10
+    assert torch.equal(x, given)
