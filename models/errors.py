@@ -1,5 +1,7 @@
 """Named errors of the model zoo (one place, as in geotorch's ``exceptions.py``)."""
 
+from tasks.errors import one_line
+
 __all__ = ["ModelConfigError", "positive_int", "one_line"]
 
 
@@ -17,11 +19,3 @@ def positive_int(name: str, value) -> int:
         raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
     return value
 
-
-def one_line(err: BaseException) -> str:
-    """``"TypeName: first line of its message"`` (``"it called sys.exit(code)"`` for SystemExit): what a
-    user's code raised, in a one-line error."""
-    if isinstance(err, SystemExit):
-        return f"it called sys.exit({err.code!r})"
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tasks.errors import TaskConfigError
 
 __all__ = [
+    "DataSplit",
     "Split",
     "Task",
     "cross_entropy_loss",
@@ -71,19 +72,90 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return hits.sum().double() / counted.sum().clamp_min(1).double()
 
 
-def split_fingerprint(train: Split, val: Split, test: Split) -> str:
-    """A short hash of which samples are in which split, in which order (the targets of the three splits and the
-    first training inputs): another ``--split-seed`` or other data files give another fingerprint."""
+def split_fingerprint(train: DataSplit, val: DataSplit, test: DataSplit) -> str:
+    """A short hash of which samples are in which split, in which order (each split's ``fingerprint_into``: for
+    tensors, the targets of the three splits and the first training inputs): another ``--split-seed`` or other
+    data files give another fingerprint."""
     digest = hashlib.sha1()
     for split in (train, val, test):
-        digest.update(split.targets.contiguous().numpy().tobytes())
-    digest.update(train.inputs[:64].contiguous().numpy().tobytes())
+        split.fingerprint_into(digest, inputs=False)
+    train.fingerprint_into(digest, inputs=True)
     return digest.hexdigest()[:16]
 
 
+class DataSplit:
+    """What the Trainer reads of a split, whatever holds the data (tensors, a ``torch.utils.data.Dataset``, a
+    memory-mapped token file).
+
+    ``order(generator)`` gives the keys of one training epoch, in a random order drawn from ``generator`` alone
+    (so a run is a function of its seed, and a resumed run finds its place from the step); ``order()`` the fixed
+    keys of an evaluation. ``len(split)`` is how many keys an epoch has. ``take(keys)`` returns
+    ``(inputs, targets)`` of those keys as fresh tensors (never views: code that runs a model in place must not
+    reach the data); ``take(slice)`` takes positions of ``order()``. Subclasses give ``__len__`` and ``_take``,
+    and override the rest where they know better.
+    """
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _take(self, keys: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        raise NotImplementedError
+
+    def order(self, generator: torch.Generator | None = None) -> Any:
+        """Keys of an epoch: a permutation of ``range(len)`` drawn from ``generator``, or in order when None.
+        The result is sliced (``order[a:b]``, a tensor of keys)."""
+        if generator is None:
+            return torch.arange(len(self))
+        return torch.randperm(len(self), generator=generator)
+
+    def take(self, keys: slice | torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """``(inputs, targets)`` of ``keys`` (a tensor of keys, or a slice of ``order()``), as fresh tensors: code
+        that runs a model is never handed a view of a split, so nothing it writes in place reaches the data."""
+        return self._take(self.order()[keys] if isinstance(keys, slice) else keys)
+
+    def label_range(self) -> tuple[int, int] | None:
+        """(smallest, largest) counted target (``IGNORE_INDEX`` skipped), None when none is counted; read by the
+        Task's check that every label is one of the model's outputs."""
+        lows, highs = [], []
+        for start in range(0, len(self), 4096):
+            targets = self.take(slice(start, start + 4096))[1]
+            counted = targets[targets != IGNORE_INDEX]
+            if counted.numel():
+                lows.append(int(counted.min()))
+                highs.append(int(counted.max()))
+        return (min(lows), max(highs)) if lows else None
+
+    def largest_input(self) -> int | None:
+        """The largest input token id (the vocabulary a model's embedding needs), None for float features."""
+        largest = None
+        for start in range(0, len(self), 4096):
+            inputs = self.take(slice(start, start + 4096))[0]
+            if not isinstance(inputs, torch.Tensor) or inputs.is_floating_point():
+                return None
+            largest = int(inputs.max()) if largest is None else max(largest, int(inputs.max()))
+        return largest
+
+    def counted(self, keys: torch.Tensor | None = None) -> int:
+        """How many targets (tokens other than ``IGNORE_INDEX``, or examples) the keys (all when None) hold."""
+        keys = self.order() if keys is None else keys
+        return sum(int((self.take(keys[start:start + 4096])[1] != IGNORE_INDEX).sum())
+                   for start in range(0, len(keys), 4096))
+
+    def fingerprint_into(self, digest: Any, inputs: bool) -> None:
+        """Feed the split's identity to ``digest`` (``split_fingerprint``): its size and first targets, or with
+        ``inputs`` its first inputs."""
+        x, y = self.take(slice(0, 64))
+        if not inputs:
+            digest.update(str(len(self)).encode())
+            digest.update(y.contiguous().numpy().tobytes())
+        else:
+            for tensor in (x.values() if isinstance(x, dict) else (x,)):
+                digest.update(tensor.contiguous().numpy().tobytes())
+
+
 @dataclass
-class Split:
-    """One split of a data set.
+class Split(DataSplit):
+    """One split of a data set, held in tensors.
 
     ``inputs`` ``(N, *input_shape)``: float32 features or int64 token ids;
     ``targets`` int64, ``(N,)`` class labels or ``(N, T)`` token targets.
@@ -108,12 +180,25 @@ class Split:
     def __len__(self) -> int:
         return int(self.targets.shape[0])
 
-    def take(self, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, targets)`` of the samples at ``rows`` (a slice or an index tensor), as copies: code that runs
-        a model is never handed a view of a split, so nothing it writes in place reaches the data."""
-        if isinstance(rows, slice):
-            rows = torch.arange(len(self))[rows]
-        return self.inputs[rows], self.targets[rows]  # indexing by a tensor copies
+    def _take(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[keys], self.targets[keys]  # indexing by a tensor copies
+
+    def label_range(self) -> tuple[int, int] | None:
+        counted = self.targets[self.targets != IGNORE_INDEX]
+        return (int(counted.min()), int(counted.max())) if counted.numel() else None
+
+    def largest_input(self) -> int | None:
+        return None if self.inputs.is_floating_point() else int(self.inputs.max())
+
+    def counted(self, keys: torch.Tensor | None = None) -> int:
+        targets = self.targets if keys is None else self.targets[keys]
+        return int((targets != IGNORE_INDEX).sum())
+
+    def fingerprint_into(self, digest: Any, inputs: bool) -> None:
+        if inputs:
+            digest.update(self.inputs[:64].contiguous().numpy().tobytes())
+        else:
+            digest.update(self.targets.contiguous().numpy().tobytes())
 
 
 @dataclass
@@ -127,9 +212,9 @@ class Task:
     """
 
     name: str
-    train: Split
-    val: Split
-    test: Split
+    train: DataSplit
+    val: DataSplit
+    test: DataSplit
     input_shape: tuple[int, ...]
     num_outputs: int
     metric_name: str = "accuracy"
@@ -155,26 +240,28 @@ class Task:
                     f"task '{self.name}': the {split_name} split is empty; training needs samples, model selection "
                     f"a validation split and the report a test split (check the task's split options)")
             self._check_labels(split_name, split)
-            if tuple(split.inputs.shape[1:]) != self.input_shape:
-                raise ValueError(
+            x, targets = split.take(slice(0, 2))
+            first = next(iter(x.values())) if isinstance(x, dict) else x  # dict inputs: the first entry's shape
+            if tuple(first.shape[1:]) != self.input_shape:
+                raise TaskConfigError(
                     f"task '{self.name}': {split_name} inputs have sample shape "
-                    f"{tuple(split.inputs.shape[1:])}, expected {self.input_shape}"
+                    f"{tuple(first.shape[1:])}, expected {self.input_shape}"
                 )
             # targets (N, T) go with outputs (T, ...): T must agree
-            if split.targets.dim() == 2 and tuple(split.targets.shape[1:]) != self.expected_output_shape[:1]:
-                raise ValueError(
-                    f"task '{self.name}': {split_name} targets have sample shape {tuple(split.targets.shape[1:])}, "
+            if targets.dim() == 2 and tuple(targets.shape[1:]) != self.expected_output_shape[:1]:
+                raise TaskConfigError(
+                    f"task '{self.name}': {split_name} targets have sample shape {tuple(targets.shape[1:])}, "
                     f"which does not match the output shape {self.expected_output_shape}"
                 )
         self.fingerprint = split_fingerprint(self.train, self.val, self.test)
 
-    def _check_labels(self, split_name: str, split: Split) -> None:
+    def _check_labels(self, split_name: str, split: DataSplit) -> None:
         """Class labels in [0, classes) and token targets in [0, vocabulary), or ``IGNORE_INDEX``: a label out
         of range would otherwise fail inside torch's loss mid-training."""
         classes = self.expected_output_shape[-1]
-        counted = split.targets[split.targets != IGNORE_INDEX]
-        if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= classes):
-            bad = int(counted.min()) if int(counted.min()) < 0 else int(counted.max())
+        bounds = split.label_range()
+        if bounds is not None and (bounds[0] < 0 or bounds[1] >= classes):
+            bad = bounds[0] if bounds[0] < 0 else bounds[1]
             raise TaskConfigError(
                 f"task '{self.name}': the {split_name} split has label {bad}, outside [0, {classes}) of the task's "
                 f"{classes} outputs")

@@ -14,6 +14,8 @@ them train without a wrapper class:
   (transformers' models) receives them only when the model's loss is used: the
   model would compute a loss every step that nothing reads;
 * a dict (or a Hugging Face output) with ``logits``, an object with ``.logits``;
+* a dict of named inputs (``input_ids`` and ``attention_mask``, ``pixel_values``): passed by keyword
+  (``model(**inputs)``), the targets as above;
 * a transformers encoder-decoder model (``config.is_encoder_decoder``: BART, T5,
   Marian, Pegasus, ...): the inputs go to the encoder and the targets, shifted by
   the model's own ``prepare_decoder_input_ids_from_labels`` (teacher forcing), to
@@ -279,19 +281,38 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
     plan = _plan(model)
     call = plan.call
     time_first = call.layout == "time_first"
+    if isinstance(inputs, Mapping):  # a dict batch (input_ids and attention_mask, ...): passed by keyword
+        if time_first or call.state not in ("auto", "no"):  # a state read from the signature does not apply
+            raise ModelConfigError(f"a batch of named inputs ({', '.join(map(str, inputs))}) is passed by keyword, "
+                                   f"so the model call cannot also {'transpose it' if time_first else 'pass a state'}"
+                                   f"; drop --model-call {'layout' if time_first else 'state'}=")
+        return CallResult(*_result(call, model(**inputs, **_target_kwargs(model, plan, targets, False)), targets))
     x = inputs.transpose(0, 1) if time_first else inputs
     args: list[Any] = [x]
     if plan.state == "none":
         args.append(None)
     elif plan.state is not None:
         args.append(getattr(model, plan.state)(inputs.shape[0]))
+    value = model(*args, **_target_kwargs(model, plan, targets, time_first))
+    outputs, loss = _result(call, value, targets)
+    if time_first:
+        outputs = _batch_first(outputs, inputs.shape[1], inputs.shape[0])
+    return CallResult(outputs, loss)
+
+
+def _target_kwargs(model: nn.Module, plan: "_Plan", targets: torch.Tensor | None, time_first: bool) -> dict:
+    """The keyword arguments that carry the targets (and an encoder-decoder's decoder inputs)."""
     kwargs = {}
     if targets is not None:
         passed = (targets.transpose(0, 1) if time_first and targets.dim() > 1 else targets).contiguous()
         kwargs = dict.fromkeys(plan.targets, passed)  # contiguous: transformers' losses view them
     if _encoder_decoder(model) and "labels" not in kwargs:
         kwargs["decoder_input_ids"] = _decoder_inputs(model, targets)
-    value = model(*args, **kwargs)
+    return kwargs
+
+
+def _result(call: ModelCall, value: Any, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the output, the model's own loss or None) of what the forward returned."""
     if isinstance(value, torch.Tensor) and call.output == "auto":
         outputs = value
     else:
@@ -299,9 +320,7 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
         if not isinstance(outputs, torch.Tensor):
             raise ModelConfigError(f"model's output {call.output!r} is a {type(outputs).__name__}, not a tensor")
     loss = _find_loss(value, outputs) if call.loss != "task" and targets is not None else None
-    if time_first:
-        outputs = _batch_first(outputs, inputs.shape[1], inputs.shape[0])
-    return CallResult(outputs, loss)
+    return outputs, loss
 
 
 def _encoder_decoder(model: nn.Module) -> bool:

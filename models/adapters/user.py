@@ -14,67 +14,28 @@ Its constructor's parameters say which options it takes: the task's sizes
 ``**kwargs`` (timm's ``create_model`` takes ``num_classes`` and ``in_chans`` there).
 A transformers model class is built from its config, sized to the task
 (``models.adapters.libraries``).
-A file is imported once per process, under a name derived from its path.
+A file is imported once per process, under a name derived from its path
+(``tasks.reference``, shared with ``--task FILE.py:factory``).
 Every failure (no such file, no such name, an import or constructor error, an
 unknown option, not a module) is one ``ModelConfigError`` line.
 """
 
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from models.adapters.libraries import is_transformers_class, transformers_factory
 from models.errors import ModelConfigError, one_line
+from tasks.reference import import_reference, is_reference
 
 __all__ = ["is_reference", "load_reference", "build_reference", "accepts", "names"]
 
 
-def is_reference(name: str) -> bool:
-    """Whether ``name`` names a user's model (``file.py:Name`` or ``module:name``), not a zoo model."""
-    return ":" in name
-
-
-def _import_file(path: Path):
-    if not path.is_file():
-        raise ModelConfigError(f"model file {path} does not exist")
-    name = "gradengines_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModelConfigError(f"model file {path} cannot be imported (not a Python file)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:  # its own folder importable, as for a script: `from nanogpt import GPT` beside it
-        sys.path.insert(0, folder)
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as err:  # a module that calls sys.exit() on import must not end the run quietly
-        del sys.modules[name]
-        raise ModelConfigError(f"model file {path} failed to import: {one_line(err)}") from None
-    return module
-
-
 def load_reference(reference: str) -> Callable[..., Any]:
     """The class or factory ``reference`` names (``file.py:Name`` or ``package.module:name``)."""
-    where, _, attr = reference.rpartition(":")
-    if not where or not attr:
-        raise ModelConfigError(f"a model reference is FILE.py:NAME or MODULE:NAME, got {reference!r}")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        module = _import_file(Path(where))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except (Exception, SystemExit) as err:
-            raise ModelConfigError(f"model module '{where}' cannot be imported: {one_line(err)}") from None
+    module, where, attr = import_reference(reference, "model", ModelConfigError)
     target = getattr(module, attr, None)
     if target is None or not callable(target):
         defined = sorted(n for n, v in vars(module).items()

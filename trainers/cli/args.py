@@ -267,8 +267,9 @@ def task_sizes(task) -> dict:
     """What a model constructor may name to be sized to the task: ``in_features``, ``out_features``,
     ``input_shape`` and, for token inputs, ``input_vocab`` (the number of input ids)."""
     sizes = {"in_features": task.in_features, "out_features": task.num_outputs, "input_shape": list(task.input_shape)}
-    if not task.train.inputs.is_floating_point():
-        sizes["input_vocab"] = 1 + max(int(split.inputs.max()) for split in (task.train, task.val, task.test))
+    largest = [split.largest_input() for split in (task.train, task.val, task.test)]
+    if all(ids is not None for ids in largest):
+        sizes["input_vocab"] = 1 + max(largest)
     return sizes
 
 

@@ -25,7 +25,6 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from tasks.base import IGNORE_INDEX
 from trainers.experiments.recipes import SHARED_SETTINGS
 from trainers.experiments.results import experiment_failures, pivot_cells
 from trainers.experiments.stats import Paired, holm, paired_test, summarize
@@ -481,9 +480,10 @@ def _units(task, split: str, metric: str, rows=None) -> Units | None:
     """The count of targets an accuracy on ``split`` averages over (examples, or tokens for a sequence task)."""
     if metric != "accuracy":
         return None
-    targets = getattr(task, split).targets
-    targets = targets if rows is None else targets[rows]
-    return Units(int((targets != IGNORE_INDEX).sum()), "tokens" if targets.dim() > 1 else "examples", split)
+    data = getattr(task, split)
+    keys = data.order() if rows is None else data.order()[rows]
+    per_sample = data.take(slice(0, 1))[1].dim() > 1
+    return Units(data.counted(keys), "tokens" if per_sample else "examples", split)
 
 
 def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]],

@@ -16,7 +16,10 @@ OWN_IN_PYTHON = "declare_call(model, loss='own')"
 
 
 def to_device(x, device, dtype):
-    """Move a batch of inputs to ``device``; only floating-point inputs take ``dtype`` (token ids stay int64)."""
+    """Move a batch of inputs (a tensor or a dict of tensors) to ``device``; only floating-point inputs take
+    ``dtype`` (token ids and masks stay as they are)."""
+    if isinstance(x, dict):
+        return {key: to_device(value, device, dtype) for key, value in x.items()}
     return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
 
 

@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -155,7 +156,7 @@ class Trainer:
         self.best: dict | None = None  # {"step", "val": {...}, "state": state_dict}
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
-        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation of the training rows)
+        self._order: tuple[int, Any] | None = None  # (epoch, the training keys of that epoch in order)
         last = len(task.train) % self.global_batch
         if 0 < last < self.parallel.world_size:
             raise ConfigError(
@@ -190,7 +191,7 @@ class Trainer:
         epoch, index = divmod(step, self.steps_per_epoch())
         if self._order is None or self._order[0] != epoch:
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(len(self.task.train), generator=gen))
+            self._order = (epoch, self.task.train.order(gen))
         rows = self.parallel.shard(self._order[1][index * self.global_batch:(index + 1) * self.global_batch])
         inputs, targets = self.task.train.take(rows)
         return to_device(inputs, self.device, self.dtype), targets.to(self.device)
@@ -208,7 +209,8 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         total_loss, total_metric, counted = 0.0, 0.0, 0.0
-        rows = self.parallel.shard(torch.arange(len(data)) if rows is None else rows)
+        keys = data.order()  # the split's fixed evaluation keys; ``rows`` are positions among them
+        rows = self.parallel.shard(keys if rows is None else keys[rows])
         batches = math.ceil(len(rows) / self.cfg.eval_batch_size)
         for start in range(0, len(rows), self.cfg.eval_batch_size):
             batch = rows[start:start + self.cfg.eval_batch_size]
