@@ -13,7 +13,7 @@ from .errors import DataError, TaskConfigError
 from .registry import available, build, register_task
 
 # Imported for their side effect: each module registers its task(s).
-from . import cifar10, digits, idx, language, sequences, teacher  # noqa: E402,F401  isort: skip
+from . import cifar10, digits, idx, language, sequences, teacher, tokens  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "Task",

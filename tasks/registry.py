@@ -1,4 +1,12 @@
-"""Tasks by name: ``register_task`` decorates builders, ``build`` calls them with checked options."""
+"""Tasks by name: ``register_task`` decorates builders, ``build`` calls them with checked options.
+
+``build`` also takes the user's own factory by reference, ``path/to/file.py:NAME`` or ``package.module:NAME``
+(``--task FILE.py:factory`` on the command line), called with the task options it names: ``data_dir``,
+``download`` and ``seed`` reach it only if its signature names them (or takes ``**kwargs``). It returns a
+``Task``, or the train, val and test data (a tuple of three, or a dict with those keys) made into one by
+``tasks.from_datasets``. A missing file or name, an option it does not take, its own error, or anything else
+returned is one ``TaskConfigError`` line.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,9 @@ import os
 from typing import Any, Callable
 
 from .base import Task
-from .errors import TaskConfigError
+from .datasets import from_datasets
+from .errors import TaskConfigError, one_line
+from .reference import import_reference, is_reference
 
 __all__ = ["register_task", "build", "available", "COMMON_OPTIONS"]
 
@@ -59,7 +69,10 @@ def _check_common(name: str, options: dict[str, Any]) -> None:
 
 
 def build(name: str, **options: Any) -> Task:
-    """Build the task ``name`` with ``options``; unknown names or options raise ``TaskConfigError``."""
+    """Build the task ``name`` (registered, or a factory by reference: module docstring) with ``options``;
+    unknown names or options raise ``TaskConfigError``."""
+    if is_reference(name):
+        return _build_reference(name, options)
     builder = _BUILDERS.get(name)
     if builder is None:
         raise TaskConfigError(f"unknown task '{name}'; available: {', '.join(available())}")
@@ -83,6 +96,50 @@ def build(name: str, **options: Any) -> Task:
     if not isinstance(task, Task):
         raise TypeError(f"task builder '{name}' returned {type(task).__name__}, not Task")
     return task
+
+
+def _build_reference(reference: str, options: dict[str, Any]) -> Task:
+    module, where, attr = import_reference(reference, "task", TaskConfigError)
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        defined = sorted(n for n, v in vars(module).items()
+                         if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        raise TaskConfigError(f"{where} has no task factory '{attr}'"
+                              f"{'; it defines ' + ', '.join(defined) if defined else ''}")
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [p.name for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    common = {k: v for k, v in options.items() if k in COMMON_OPTIONS}
+    given = {k: v for k, v in options.items() if k not in COMMON_OPTIONS}
+    unknown = sorted(k for k in given if k not in named and not takes_any)
+    if unknown:
+        raise TaskConfigError(f"task factory {attr} takes no option {', '.join(repr(k) for k in unknown)}; "
+                              f"it takes: {', '.join(named) or 'none'}")
+    if common.get("data_dir") is not None and "data_dir" not in named and not takes_any:
+        raise TaskConfigError(f"task factory {attr} takes no data_dir (--data-dir): pass its files as one of its "
+                              f"options ({', '.join(named) or 'it takes none'})")
+    _check_common(attr, common)
+    # data_dir when given (not to override the factory's default with None); download and seed where named
+    passed = {k: v for k, v in common.items() if (k in named or takes_any and k == "data_dir")
+              and not (k == "data_dir" and v is None)}
+    passed.update(given)
+    try:
+        made = factory(**passed)
+    except TaskConfigError:
+        raise
+    except (Exception, SystemExit) as err:  # the user's code: its error in one line, as for a model
+        raise TaskConfigError(f"task factory {attr} failed: {one_line(err)}") from None
+    if isinstance(made, Task):
+        return made
+    if isinstance(made, dict) and set(made) >= {"train", "val", "test"}:
+        made = (made["train"], made["val"], made["test"])
+    if isinstance(made, (tuple, list)) and len(made) == 3:
+        return from_datasets(*made, name=attr)
+    raise TaskConfigError(f"task factory {attr} returned a {type(made).__name__}, not a Task or the train, val and "
+                          f"test data (a tuple of three, or a dict with those keys)")
 
 
 def check_int(task: str, option: str, value: Any, minimum: int = 0) -> int:

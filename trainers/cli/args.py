@@ -128,12 +128,15 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
                              "layout=batch_first|time_first, loss=task|model|own (the model's own loss where an "
                              "engine needs only a loss; own: known to differ from the task's, no note of how far); "
                              "models/adapters/calling.py")
-    parser.add_argument("--task", default="digits", help=f"task: {', '.join(tasks.available())} (default: digits)")
+    parser.add_argument("--task", default="digits",
+                        help=f"task: {', '.join(tasks.available())}, or your own factory FILE.py:NAME or "
+                             f"MODULE:NAME returning a tasks.Task or the train, val and test Datasets, called with "
+                             f"the --task-options (default: digits)")
     parser.add_argument("--data-dir", default=None, help="directory of the dataset files (file-based tasks)")
     parser.add_argument("--download", action="store_true", help="download missing dataset files into the cache")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/val split (default: 0)")
     parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a task-specific option, e.g. --task-option n_train=4096 (repeatable)")
+                        help="a task option, e.g. --task-option n_train=4096 (repeatable; a factory's keyword)")
     parser.add_argument("--epochs", type=int, default=10, help="training epochs (default: 10)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (overrides --epochs)")
     parser.add_argument("--logdir", default="runs", help="root of the TensorBoard runs (default: runs)")

@@ -59,7 +59,8 @@ def _shorten(name: str) -> str:
 
 
 def model_name(spec: str) -> str:
-    """``mlp`` -> ``mlp``; ``my_models.py:Net`` -> ``Net``; ``transformers:GPT2LMHeadModel`` -> ``GPT2LMHeadModel``."""
+    """``mlp`` -> ``mlp``; ``my_models.py:Net`` -> ``Net``; ``transformers:GPT2LMHeadModel`` -> ``GPT2LMHeadModel``
+    (and a task factory ``my_data.py:csv_task`` -> ``csv_task``)."""
     return spec.rpartition(":")[2] or spec
 
 
@@ -74,7 +75,7 @@ def default_experiment(command: str, args, parser, *, name_model: bool = True,
     parts += [f"{name}={_value(getattr(args, 'model_' + name))}" for name in MODEL_FLAGS
               if _given(args, parser, "model_" + name)]
     parts += [f"{k}={_value(v)}" for k, v in sorted(parse_key_values(args.model_option, "--model-option").items())]
-    parts.append(args.task)
+    parts.append(model_name(args.task))  # a factory FILE.py:NAME by its name, as a model
     parts += [f"{k}={_value(v)}" for k, v in sorted(parse_key_values(args.task_option, "--task-option").items())]
     parts += [str(getattr(args, name)) for name in TRAINING_PARTS if _given(args, parser, name)]
     if _given(args, parser, "settings"):
