@@ -103,19 +103,21 @@ def main(argv=None) -> None:
     parser.add_argument("--val", help="the validation text")
     parser.add_argument("--test", help="the test text (optional: without it the task halves val.bin)")
     parser.add_argument("--tokenizer", default="ptb-word", help="ptb-word (default), ptb-char or transformers:PATH")
-    parser.add_argument("--random", type=int, metavar="N", help="write N uniform random training ids instead "
-                        "(and N / 10 for val.bin): a corpus of any size, for benchmarks")
+    parser.add_argument("--random", type=int, metavar="N", help="write N uniform random training ids instead: "
+                        "a corpus of any size, for benchmarks")
+    parser.add_argument("--random-val", type=int, default=100_000, metavar="N",
+                        help="ids of val.bin with --random (default 100000, whatever the training size)")
     parser.add_argument("--vocab-size", type=int, help="the vocabulary of --random")
     parser.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
     parser.add_argument("--out", required=True, help="the folder to write (made if missing)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.random is not None:
-        if args.random < 2 or not args.vocab_size or args.vocab_size < 1:
-            _fail("--random N needs N >= 2 and --vocab-size V >= 1")
+        if args.random < 2 or args.random_val < 2 or not args.vocab_size or args.vocab_size < 1:
+            _fail("--random N needs N >= 2, --random-val >= 2 and --vocab-size V >= 1")
         dtype = np.dtype(_dtype(args.vocab_size))
         streams = {"train": _random_chunks(args.random, args.vocab_size, args.seed, dtype),
-                   "val": _random_chunks(max(args.random // 10, 2), args.vocab_size, args.seed + 1, dtype)}
+                   "val": _random_chunks(args.random_val, args.vocab_size, args.seed + 1, dtype)}
         meta = {"vocab_size": args.vocab_size, "dtype": dtype.name, "tokenizer": f"random (seed {args.seed})"}
     else:
         if args.train is None or args.val is None:

@@ -138,8 +138,8 @@ def _build_reference(reference: str, options: dict[str, Any]) -> Task:
         made = (made["train"], made["val"], made["test"])
     if isinstance(made, (tuple, list)) and len(made) == 3:
         return from_datasets(*made, name=attr)
-    raise TaskConfigError(f"task factory {attr} returned a {type(made).__name__}, not a Task or the train, val and "
-                          f"test data (a tuple of three, or a dict with those keys)")
+    raise TaskConfigError(f"task factory {attr} returned {type(made).__name__} {made!r:.40}, not a Task or the "
+                          f"train, val and test data (a tuple of three, or a dict with those keys)")
 
 
 def check_int(task: str, option: str, value: Any, minimum: int = 0) -> int:

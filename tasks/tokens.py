@@ -39,7 +39,7 @@ __all__ = ["TokenWindows", "RandomStarts", "build_tokens", "DTYPES", "META"]
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 #: The file beside the token files that says their vocabulary size, dtype and (where known) tokens.
 META = "meta.json"
-_CHUNK = 1 << 24  # ids per plain read of the vocabulary check (32 MiB of uint16)
+_CHUNK = 1 << 20  # ids per plain read of the vocabulary check (2 MiB of uint16: the peak stays flat)
 
 
 class RandomStarts:
@@ -84,6 +84,11 @@ class TokenWindows(DataSplit):
             return self.begin + torch.arange(self.windows) * (self.seq_len + 1)
         seed = int(torch.randint(0, 1 << 62, (1,), generator=generator))
         return RandomStarts(seed, self.windows, self.begin, self.end - self.seq_len - 1)
+
+    def take(self, keys: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(keys, slice):  # positions of the fixed windows, without making all their keys
+            keys = self.begin + torch.arange(*keys.indices(self.windows)) * (self.seq_len + 1)
+        return self._take(keys)
 
     def _take(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.memmap(self.path, dtype=self.dtype, mode="r")  # opened per batch: its pages are not kept
@@ -153,6 +158,9 @@ def build_tokens(data_dir=None, download: bool = False, seed: int = 0, seq_len: 
                               "(scripts/token_file.py writes them)")
     directory = Path(data_dir).expanduser()
     seq_len = check_int("tokens", "seq_len", seq_len, minimum=1)
+    for name in ("train.bin", "val.bin"):
+        if not (directory / name).is_file():
+            raise DataError(f"task 'tokens': missing {name} in {directory} (scripts/token_file.py writes it)")
     meta = _meta(directory)
     dtype = dtype if dtype is not None else meta.get("dtype", "uint16")
     if dtype not in DTYPES:
@@ -162,9 +170,6 @@ def build_tokens(data_dir=None, download: bool = False, seed: int = 0, seq_len: 
         raise TaskConfigError(f"task 'tokens': no vocabulary size: give --task-option vocab_size=N or write it in "
                               f"{directory / META}")
     vocab_size = check_int("tokens", "vocab_size", vocab_size, minimum=1)
-    for name in ("train.bin", "val.bin"):
-        if not (directory / name).is_file():
-            raise DataError(f"task 'tokens': missing {name} in {directory} (scripts/token_file.py writes it)")
     train = TokenWindows(directory / "train.bin", dtype, seq_len)
     if (directory / "test.bin").is_file():
         val = TokenWindows(directory / "val.bin", dtype, seq_len)

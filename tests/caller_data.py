@@ -30,6 +30,7 @@ import trainers.run.agreement
 import trainers.run.model_check
 import trainers.run.trainer
 from models.adapters.calling import call_model, own_copy
+from tasks.base import Split
 from trainers.core.engine import GradientEngine
 from trainers.core.registry import available, engine_class
 
@@ -134,7 +135,9 @@ def _stack_call(model, **kwargs):
 
 
 def _task_call(model, task, *rest, **kwargs):
-    return model, task.train.inputs, task.train.targets, task.val.inputs, task.test.inputs
+    """The tensors of the task's splits held in tensors (a Dataset's or a token file's ``take`` reads anew)."""
+    held = [split for split in (task.train, task.val, task.test) if isinstance(split, Split)]
+    return model, *(tensor for split in held for tensor in (split.inputs, split.targets))
 
 
 def _agreement_call(model, engine, inputs, targets, *rest, **kwargs):

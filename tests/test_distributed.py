@@ -240,3 +240,22 @@ def test_bad_launch_options_exit_2_in_one_line(monkeypatch, capsys, flags, messa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not torch.distributed.is_initialized()
+
+
+def test_two_ranks_on_a_token_file_train_as_one_process(tmp_path):
+    """The memory-mapped token task (issue 48) under torchrun: each rank reads its own windows of every global
+    batch (drawn from the run's seed), and 2 ranks x batch 4 end with one process x batch 8's weights (float64)."""
+    data = tmp_path / "bin"
+    data.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    for name, size in (("train", 406), ("val", 90)):  # 58 windows: 7 batches of 8 and one of 2
+        torch.randint(0, 23, (size,), generator=gen).to(torch.int32).numpy().astype("<u2").tofile(data / f"{name}.bin")
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 23, "dtype": "uint16"}))
+    flags = ["--task", "tokens", "--data-dir", data, "--task-option", "seq_len=6", "--model", "gpt", "--depth", "1",
+             "--width", "8", "--heads", "2", "--trainer", "highway", "--steps", "5", "--eval-every", "2", *QUIET]
+    torchrun(TRAIN, *flags, "--batch-size", 4, "--logdir", tmp_path / "two")
+    assert train_main([*map(str, flags), "--batch-size", "8", "--logdir", str(tmp_path / "one")]) == 0
+    one, = (tmp_path / "one").glob("*/highway/seed0")
+    two = tmp_path / "two" / one.relative_to(tmp_path / "one")
+    assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
+    assert_same_records(records(two), records(one))

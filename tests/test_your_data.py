@@ -1,0 +1,369 @@
+"""The user's own data (issue 48): map-style Datasets and DataLoaders (``tasks.from_datasets``), dict batches,
+memory-mapped token files (the ``tokens`` task), ``--task FILE.py:factory``, and their bad inputs."""
+
+import json
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import one_line_error
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+import models
+import tasks
+import trainers
+from tasks.base import Split
+from tasks.errors import TaskConfigError
+from tasks.tokens import RandomStarts
+from trainers.cli import train_main
+from trainers.engines.backprop import Backprop
+from trainers.run.checkpoint import load_checkpoint
+from trainers.run.logger import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN_FILE = runpy.run_path(str(ROOT / "scripts" / "token_file.py"))  # its main(argv), in this process
+
+
+def features(n=96, d=8, classes=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen)
+    return x, (x[:, :classes].argmax(1)).long()
+
+
+class Pairs(Dataset):
+    """A map-style dataset as users write one: items (numpy features, int label)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x.numpy(), y.tolist()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class Sentences(Dataset):
+    """Dict items of varying length (token ids, a label), padded by ``pad`` into input_ids + attention_mask."""
+
+    def __init__(self, n, seed, vocab=20, classes=2):
+        gen = torch.Generator().manual_seed(seed)
+        self.items = []
+        for _ in range(n):
+            ids = torch.randint(1, vocab, (int(torch.randint(2, 7, (1,), generator=gen)),), generator=gen)
+            self.items.append({"input_ids": ids, "labels": int(ids[0] % classes)})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def pad(items, filler=0, length=6):
+    ids = torch.full((len(items), length), filler, dtype=torch.long)
+    mask = torch.zeros(len(items), length, dtype=torch.long)
+    for row, item in enumerate(items):
+        ids[row, :len(item["input_ids"])] = item["input_ids"]
+        mask[row, :len(item["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask}, torch.tensor([item["labels"] for item in items])
+
+
+class MaskedMean(nn.Module):
+    """Embeds token ids and averages the unmasked positions: reads both named inputs."""
+
+    def __init__(self, vocab=20, width=8, classes=2):
+        super().__init__()
+        self.embed, self.hidden = nn.Embedding(vocab, width), nn.Linear(width, width)
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, input_ids, attention_mask):
+        mask = attention_mask[..., None].to(self.embed.weight.dtype)
+        h = (self.embed(input_ids) * mask).sum(1) / mask.sum(1)
+        return self.out(torch.tanh(self.hidden(h)))
+
+
+def without_timing(records):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in records]
+
+
+def three(x, y, cut=(64, 80)):
+    return (x[:cut[0]], y[:cut[0]]), (x[cut[0]:cut[1]], y[cut[0]:cut[1]]), (x[cut[1]:], y[cut[1]:])
+
+
+# --------------------------------------------------------------------------------------------- map-style data
+def test_a_dataset_trains_exactly_as_the_same_tensors_do_under_every_mlp_engine():
+    """The data path changes nothing: a Dataset of numpy items, a DataLoader over it and the tensors themselves
+    give the same metrics and weights for every trainer of the orthogonal MLP (same seed)."""
+    x, y = features()
+    parts = three(x, y)
+    as_tensors = tasks.Task("data", *(Split(a, b) for a, b in parts), input_shape=(8,), num_outputs=3)
+    as_datasets = tasks.from_datasets(*(Pairs(a, b) for a, b in parts))
+    as_loaders = tasks.from_datasets(*(DataLoader(Pairs(a, b), batch_size=5) for a, b in parts))
+    assert (as_datasets.input_shape, as_datasets.num_outputs) == ((8,), 3)  # read from the items and labels
+    assert as_datasets.fingerprint == as_loaders.fingerprint != tasks.from_datasets(
+        *(Pairs(a, b) for a, b in three(x.flip(0), y.flip(0)))).fingerprint
+    for engine in ("backprop", "fa", "dfa", "usf", "brsf", "frsf", "pepita", "foton"):
+        runs = []
+        for task in (as_tensors, as_datasets, as_loaders):
+            torch.manual_seed(0)
+            model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8, activation="tanh",
+                                 orthogonal="bjorck")
+            trainer = trainers.Trainer(model, trainers.build_engine(engine), task, batch_size=16, log_every=1,
+                                       eval_every=2, progress=False, lr=0.05)
+            report = trainer.fit(steps=5)
+            runs.append((without_timing(trainer.history), report, [p.detach().clone() for p in model.parameters()]))
+        for other in runs[1:]:
+            assert other[0] == runs[0][0] and other[1] == runs[0][1], engine
+            assert all(torch.equal(a, b) for a, b in zip(runs[0][2], other[2], strict=True)), engine
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingBackprop(Backprop):
+    """Exact backprop that dies after ``crash_at`` steps (a killed job)."""
+
+    def __init__(self, crash_at):
+        super().__init__()
+        self.calls, self.crash_at = 0, crash_at
+
+    def compute_grads(self, *args):
+        self.calls += 1
+        if self.calls > self.crash_at:
+            raise Crash
+        return super().compute_grads(*args)
+
+
+CrashingBackprop.name = "backprop"
+
+
+def resumes_exactly(tmp_path, task, build_model, batch_size=8, steps=12):
+    """A run killed after step 10 and resumed from its step-9 checkpoint by a fresh Trainer (weights perturbed,
+    global RNG reseeded) writes the uninterrupted run's metrics and ends with its weights."""
+    options = dict(batch_size=batch_size, log_every=1, eval_every=4, eval_batches=1, eval_batch_size=4,
+                   checkpoint_every=3, progress=False, lr=0.05)
+
+    def make(where, engine):
+        torch.manual_seed(0)
+        return trainers.Trainer(build_model(), engine, task, logdir=tmp_path / where, **options)
+
+    whole = make("whole", Backprop())
+    whole.fit(steps=steps)
+    with pytest.raises(Crash):
+        make("resumed", CrashingBackprop(crash_at=10)).fit(steps=steps)
+    killed = tmp_path / "resumed" / "default" / "backprop" / "seed0"
+    assert 0 < load_checkpoint(killed / "checkpoint.pt")["step"] < max(r["step"] for r in read_metrics(killed))
+    resumed = make("resumed", Backprop())
+    with torch.no_grad():
+        for p in resumed.model.parameters():
+            p.add_(0.1)
+    torch.manual_seed(123)
+    resumed.fit(steps=steps, resume=True)
+    assert without_timing(read_metrics(resumed.run_dir)) == without_timing(read_metrics(whole.run_dir))
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_dataset_run_resumes_exactly(tmp_path):
+    x, y = features()
+    task = tasks.from_datasets(*(Pairs(a, b) for a, b in three(x, y)))
+    resumes_exactly(tmp_path, task, lambda: nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)))
+
+
+def test_a_dict_batch_dataset_trains_resumes_and_masks_its_padding(tmp_path):
+    """Named inputs reach the model by keyword; the padding, masked by attention_mask, does not reach the loss
+    or the gradient (float64), while the same padding unmasked does (the contrast)."""
+    task = tasks.from_datasets(Sentences(48, 0), Sentences(12, 1), Sentences(12, 2), collate=pad)
+    assert task.input_shape == (6,) and task.num_outputs == 2
+    resumes_exactly(tmp_path, task, MaskedMean)
+    torch.manual_seed(0)
+    model = MaskedMean().double()
+    items = [Sentences(8, 3)[i] for i in range(8)]
+
+    def loss_and_grads(inputs, targets):
+        model.zero_grad()
+        out = trainers.build_engine("backprop").compute_grads(model, inputs, targets, task.loss_fn)
+        return out.loss, [p.grad.clone() for p in model.parameters()]
+
+    (inputs, targets), (refilled, _) = pad(items), pad(items, filler=7)
+    assert not torch.equal(inputs["input_ids"], refilled["input_ids"])
+    loss, grads = loss_and_grads(inputs, targets)
+    loss_refilled, grads_refilled = loss_and_grads(refilled, targets)
+    assert loss == loss_refilled and all(torch.equal(a, b) for a, b in zip(grads, grads_refilled, strict=True))
+    unmasked = {**refilled, "attention_mask": torch.ones_like(refilled["attention_mask"])}
+    assert not torch.allclose(loss_and_grads(unmasked, targets)[0], loss)
+
+
+# ------------------------------------------------------------------------------------------------- token files
+def write_corpus(folder: Path, words=400, seed=0) -> Path:
+    """A PTB-format corpus of made-up sentences (three files)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    lexicon = [f"w{i}" for i in range(30)]
+    for name, count in (("ptb.train.txt", words), ("ptb.valid.txt", words // 4), ("ptb.test.txt", words // 4)):
+        lines = [" ".join(rng.choice(lexicon, size=int(rng.integers(3, 9)))) for _ in range(count // 5)]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def token_files(tmp_path, *extra) -> Path:
+    text = write_corpus(tmp_path / "text")
+    out = tmp_path / "bin"
+    TOKEN_FILE["main"](["--train", str(text / "ptb.train.txt"), "--val", str(text / "ptb.valid.txt"), *extra,
+                        "--out", str(out)])
+    return out
+
+
+def test_token_files_hold_ptb_words_windows_and_draw_seeded_training_windows(tmp_path):
+    out = token_files(tmp_path, "--test", str(tmp_path / "text" / "ptb.test.txt"))
+    meta = json.loads((out / "meta.json").read_text())
+    task = tasks.build("tokens", data_dir=str(out), seq_len=5)
+    words = tasks.build("ptb-word", data_dir=str(tmp_path / "text"), seq_len=5)
+    assert meta["dtype"] == "uint16" and task.num_outputs == words.num_outputs == meta["vocab_size"]
+    assert task.vocab == words.vocab
+    for split in ("train", "val", "test"):  # the evaluation windows are ptb-word's samples
+        for mine, theirs in zip(getattr(task, split).take(slice(0, None)), getattr(words, split).take(slice(0, None)),
+                                strict=True):
+            assert torch.equal(mine, theirs), split
+    ids = torch.from_numpy(np.fromfile(out / "train.bin", dtype="<u2").astype(np.int64))
+    epoch = task.train.order(torch.Generator().manual_seed(3))
+    assert len(epoch) == len(task.train) == len(words.train)
+    starts = torch.cat([epoch[a:a + 7] for a in range(0, len(epoch), 7)])
+    assert starts.min() >= 0 and starts.max() <= ids.numel() - 6 and len(set(starts.tolist())) > len(starts) // 2
+    inputs, targets = task.train.take(starts[:7])
+    for row, start in enumerate(starts[:7].tolist()):  # a window of the file at its start, targets shifted by one
+        assert torch.equal(inputs[row], ids[start:start + 5]) and torch.equal(targets[row], ids[start + 1:start + 6])
+    again = task.train.order(torch.Generator().manual_seed(3))
+    assert torch.equal(again[7:14], epoch[7:14])  # a batch's windows depend on (seed, epoch, batch) alone
+    assert not torch.equal(task.train.order(torch.Generator().manual_seed(4))[7:14], epoch[7:14])
+
+
+def test_without_a_test_file_the_validation_file_is_halved(tmp_path):
+    task = tasks.build("tokens", data_dir=str(token_files(tmp_path)), seq_len=4)
+    val_ids = np.fromfile(tmp_path / "bin" / "val.bin", dtype="<u2")
+    half = len(val_ids) // 2
+    assert int(task.val.order()[-1]) + 5 <= half and int(task.test.order()[0]) == half
+    assert len(task.val) == half // 5 and len(task.test) == (len(val_ids) - half) // 5
+
+
+def test_a_token_file_run_resumes_exactly(tmp_path):
+    task = tasks.build("tokens", data_dir=str(token_files(tmp_path)), seq_len=6)
+    resumes_exactly(tmp_path, task, lambda: models.build("gpt", in_features=6, out_features=task.num_outputs,
+                                                         vocab_size=task.num_outputs, depth=1, width=8, heads=2))
+
+
+def test_random_starts_cover_the_range_and_slice_by_batch():
+    starts = RandomStarts(seed=5, count=1000, low=10, high=20)
+    drawn = torch.cat([starts[a:a + 100] for a in range(0, 1000, 100)])
+    assert set(drawn.tolist()) == set(range(10, 21)) and len(starts[990:2000]) == 10
+    with pytest.raises(IndexError):
+        starts[0:10:2]
+
+
+# -------------------------------------------------------------------------------------------- the command line
+FACTORY = '''
+import torch
+from torch.utils.data import TensorDataset
+
+
+def blobs(n=120, classes=3, data_dir=None):
+    """Three Gaussian blobs in 4 dimensions as train / val / test Datasets."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % classes
+    x = torch.randn(n, 4, generator=gen) + 3 * torch.nn.functional.one_hot(y, 4).float()
+    return {"train": TensorDataset(x[:80], y[:80]), "val": TensorDataset(x[80:100], y[80:100]),
+            "test": TensorDataset(x[100:], y[100:])}
+
+
+def broken():
+    raise KeyError("no column 'label'")
+
+
+def not_data():
+    return 42
+'''
+
+
+def test_the_command_line_trains_on_a_task_factory_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_data.py").write_text(FACTORY)
+    flags = ["--task", "my_data.py:blobs", "--task-option", "n=150", "--model", "mlp", "--trainer", "fa",
+             "--eval-every", "2", "--progress", "false"]
+    assert train_main([*flags, "--steps", "3"]) == 0
+    run = tmp_path / "runs" / "train-mlp-blobs-n=150" / "fa" / "seed0"
+    assert json.loads((run / "result.json").read_text())["steps"] == 3
+    assert train_main([*flags, "--steps", "6", "--resume"]) == 0
+    assert json.loads((run / "result.json").read_text())["steps"] == 6
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--task", "nowhere.py:blobs"], "task file nowhere.py does not exist"),
+    (["--task", "my_data.py:blob"], "my_data.py has no task factory 'blob'; it defines blobs, broken, not_data"),
+    (["--task", "my_data.py:blobs", "--task-option", "size=3"],
+     "takes no option 'size'; it takes: n, classes, data_dir"),
+    (["--task", "my_data.py:broken"], "task factory broken failed: KeyError: \"no column 'label'\""),
+    (["--task", "my_data.py:not_data"], "returned int 42, not a Task or the train, val and test data"),
+    (["--task", "tokens", "--data-dir", "{tmp}"], "missing train.bin"),
+])
+def test_bad_task_factories_are_one_line_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys, flags, expected):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_data.py").write_text(FACTORY)
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    assert train_main([*flags, "--steps", "1", "--progress", "false"]) == 2
+    assert expected in one_line_error(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------- bad data
+class Strings(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return "a sentence", 1
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield torch.zeros(3), 0
+
+
+def test_bad_data_is_refused_in_one_line_when_the_task_is_made(tmp_path):
+    x, y = features(n=20)
+    good = TensorDataset(x, y)
+    ragged = [(torch.zeros(3 + i % 2), 0) for i in range(6)]
+    cases = [
+        ((Strings(), good, good), "is a str, not a tensor, a number or an array"),
+        ((ragged, good, good), "differ in shape ((3,), (4,)): give a collate function that pads them"),
+        (([{"input_ids": torch.zeros(2)}] * 3, good, good), "no target: name it one of labels"),
+        ((good, TensorDataset(x[:0], y[:0]), good), "the val data is empty"),
+        ((DataLoader(good, shuffle=True), good, good), "draws its own order (RandomSampler, e.g. shuffle=True)"),
+        ((Stream(), good, good), "is an IterableDataset"),
+        ((good, good, TensorDataset(x, y + 5)), "the test split has label 7, outside [0, 3)"),
+        ((object(), good, good), "not a Dataset"),
+    ]
+    for (train, val, test), expected in cases:
+        with pytest.raises(TaskConfigError) as err:
+            tasks.from_datasets(train, val, test)
+        assert expected in str(err.value) and "\n" not in str(err.value), (expected, str(err.value))
+
+
+def test_bad_token_files_are_refused_in_one_line(tmp_path):
+    out = token_files(tmp_path)
+    with pytest.raises(TaskConfigError, match="has label \\d+, outside \\[0, 9\\) of the task's 9 outputs"):
+        tasks.build("tokens", data_dir=str(out), vocab_size=9)
+    (out / "train.bin").write_bytes((out / "train.bin").read_bytes() + b"\x01")
+    with pytest.raises(TaskConfigError, match="not a multiple of uint16's 2: another dtype, or a truncated file"):
+        tasks.build("tokens", data_dir=str(out))
+    (out / "train.bin").write_bytes(np.zeros(3, dtype="<u2").tobytes())
+    with pytest.raises(TaskConfigError, match="holds 3 tokens, fewer than one window of seq_len \\+ 1 = 36"):
+        tasks.build("tokens", data_dir=str(out))
+    (out / "meta.json").unlink()
+    with pytest.raises(TaskConfigError, match="no vocabulary size"):
+        tasks.build("tokens", data_dir=str(out))
