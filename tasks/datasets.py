@@ -18,6 +18,11 @@ under torchrun each rank takes its own rows of every global batch. A ``DataLoade
 dataset and its collate function; one that shuffles (``shuffle=True``, a sampler of its own) is refused, since
 an order drawn by the loader cannot be found again on a resume. Its workers are not used.
 A streaming ``IterableDataset`` (no index) is refused in one line: it has no position to resume from yet.
+
+When the task is made, every item is read once and its target kept (``DatasetSplit.targets``): the labels are
+checked against the outputs before anything is written, and the fingerprint a resume compares is that of the
+targets, as for tensors (the same data gives the same fingerprint in either form). A dataset whose items are
+slow to make (images decoded from files) pays that pass once.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
-from .base import DataSplit, Task, cross_entropy_loss, sequence_cross_entropy
+from .base import DataSplit, Split, Task, cross_entropy_loss, sequence_cross_entropy
 from .errors import TaskConfigError, one_line
 
 __all__ = ["DatasetSplit", "from_datasets", "TARGET_KEYS"]
@@ -111,9 +116,34 @@ class DatasetSplit(DataSplit):
         self.dataset, self.name = dataset, name
         self.collate = collate
         self._size = len(dataset)
+        self._targets: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """Every target of the split, read once (the dataset's items pass through once, in chunks, the inputs
+        dropped) and kept: the label check, the fingerprint and the counts read it. The same data held as
+        tensors (a ``Split``) has the same targets, so the same fingerprint."""
+        if self._targets is None:
+            self._targets = torch.cat([self._take(torch.arange(start, min(start + 1024, len(self))))[1]
+                                       for start in range(0, len(self), 1024)])
+        return self._targets
+
+    def label_range(self) -> tuple[int, int] | None:
+        return Split(torch.zeros(len(self)), self.targets).label_range()
+
+    def counted(self, keys: torch.Tensor | None = None) -> int:
+        return Split(torch.zeros(len(self)), self.targets).counted(keys)
+
+    def fingerprint_into(self, digest: Any, inputs: bool) -> None:
+        if not inputs:
+            digest.update(self.targets.contiguous().numpy().tobytes())
+            return
+        x = self.take(slice(0, 64))[0]
+        for tensor in (x.values() if isinstance(x, dict) else (x,)):
+            digest.update(tensor.contiguous().numpy().tobytes())
 
     def _take(self, keys: torch.Tensor) -> tuple[Any, torch.Tensor]:
         items = [self.dataset[int(k)] for k in keys]

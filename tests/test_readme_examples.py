@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import re
+import runpy
 import shlex
 import shutil
 import sys
@@ -26,6 +27,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import GPT, GPTConfig, cosine, engine_grads, relative, write_tiny_ptb
@@ -33,9 +35,11 @@ from torch import nn
 from torch.nn import functional as F
 
 import models
+import tasks
 import trainers
 
-README_PATH = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README_PATH = ROOT / "README.md"
 README = README_PATH.read_text()
 
 
@@ -124,6 +128,31 @@ class Net(nn.Module):
 
 def write_my_models(cwd: Path) -> None:
     (cwd / "my_models.py").write_text(MY_MODELS)
+
+
+MY_DATA = "# my_data.py: a CSV file"  # the first line of the README's factory block
+
+
+def write_my_data(cwd: Path) -> None:
+    """The README's my_data.py, as a reader saves it beside the data."""
+    (cwd / "my_data.py").write_text(example(MY_DATA))
+
+
+def wrote_csv(cwd: Path, output: str) -> None:
+    """The digits as data.csv: 1797 rows of 64 features and a class."""
+    table = np.loadtxt(cwd / "data.csv", delimiter=",")
+    assert table.shape == (1797, 65) and set(table[:, -1]) == set(range(10))
+
+
+def wrote_tokens(folder: str) -> Callable[[Path, str], None]:
+    """scripts/token_file.py wrote train.bin, val.bin and meta.json in ``folder`` and said so."""
+
+    def check(cwd: Path, output: str) -> None:
+        meta = json.loads((cwd / folder / "meta.json").read_text())
+        assert (cwd / folder / "train.bin").stat().st_size > 0 and meta["dtype"] == "uint16"
+        assert f"and meta.json in {folder}" in output
+
+    return check
 
 
 def finished_run(run_dir: Path, steps: int | None = None) -> dict:
@@ -278,6 +307,16 @@ RUNS = [
     Run(r"gradengines compare --trainers backprop,fa ", comparison("compare-digits-backprop+fa", "backprop", "fa"),
         COMPARE),
     Run(r"gradengines table runs$", tabled("backprop", "fa", "highway-k2", "linear", only=False)),
+    # "Your data"
+    Run(r"\.venv/bin/python -c import numpy as np, sklearn", wrote_csv, prepare=write_my_data),
+    Run(r"\.venv/bin/python scripts/train\.py --task my_data\.py:csv_task ",
+        trained("train-mlp-csv_task-path=data.csv", "fa"), TRAIN),
+    Run(r"\.venv/bin/python scripts/compare\.py --task my_data\.py:csv_task ",
+        comparison("compare-csv_task-path=data.csv-backprop+fa+dfa", "backprop", "fa", "dfa"), COMPARE),
+    Run(r"\.venv/bin/python scripts/token_file\.py --random ", wrote_tokens("data/random"),
+        "--random 30000 --random-val 700"),
+    Run(r"\.venv/bin/python scripts/train\.py --task tokens --data-dir data/random ",
+        trained("train-gpt-depth=2-width=64-tokens-seq_len=64", "backprop"), TRAIN),
     # "Models from transformers and timm"
     Run(r"\.venv/bin/python scripts/compare\.py --model transformers:BertForTokenClassification ",
         comparison(BERT, "backprop", "highway-k2", "fa", "dfa"), COMPARE),
@@ -303,6 +342,10 @@ SKIPPED = {
     r"\.venv/bin/python scripts/compare\.py --model rnn_model\.py:RNNModel ": (
         DATA + "; the same models on a tiny corpus: the Python block below it"),
     r"\.venv/bin/python scripts/train\.py --model transformers:GPT2LMHeadModel ": DATA,
+    r"\.venv/bin/python scripts/token_file\.py --train \.\./shared/data/ptb/": DATA,
+    r"\.venv/bin/python scripts/train\.py --task tokens --data-dir data/ptb-tokens ": (
+        "trains on the files the command above makes of ../shared/data; the same on made-up PTB text: "
+        "tests/test_your_data.py"),
     r"python -m venv env$": "a fresh environment installed from the network: tests/test_user_models.py installs "
                             "the package into one (offline) and runs the four commands",
     r"\. env/bin/activate$": "(the environment above)",
@@ -323,6 +366,9 @@ PYTHON_BLOCKS = {  # the first line of each Python block: the test that runs it
     "gpt = GPT(GPTConfig(": "test_the_nanogpt_example_trains_with_highway_and_matches_backprop_at_full_k",
     "retraction = models.retraction.CayleyRetraction(model)": "test_the_retraction_example_keeps_the_layers_orthogonal",
     "@register_engine(\"myengine\")": "test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train",
+    "from torch.utils.data import TensorDataset\nimport torch, models, tasks, trainers":
+        "test_the_datasets_example_trains_with_highway",
+    MY_DATA: "test_the_csv_factory_example_splits_the_rows_once",
 }
 
 
@@ -361,14 +407,24 @@ def test_every_readme_block_is_run_or_skipped_with_a_reason():
 
 
 def invoke(argv: list[str]) -> int:
-    """What the command runs: ``scripts/X.py`` is ``trainers.cli.COMMANDS["X"]``, ``gradengines`` is
-    ``trainers.cli.main`` (the console script)."""
+    """What the command runs: ``scripts/X.py`` is ``trainers.cli.COMMANDS["X"]`` (another script its ``main``),
+    ``python -c`` its program, ``gradengines`` is ``trainers.cli.main`` (the console script)."""
     from trainers.cli import COMMANDS, main
 
-    if argv[0] in ("python", ".venv/bin/python") and re.fullmatch(r"scripts/\w+\.py", argv[1]):
+    if argv[0] in ("python", ".venv/bin/python") and re.fullmatch(r"scripts/\w+\.py", argv[1]) \
+            and Path(argv[1]).stem in COMMANDS:
         return COMMANDS[Path(argv[1]).stem](argv[2:])
     if argv[0] == "gradengines":
         return main(argv[1:])
+    if argv[:2] == [".venv/bin/python", "-c"]:
+        exec(argv[2], {})  # noqa: S102 - the README's one-line program
+        return 0
+    if argv[0] == ".venv/bin/python" and re.fullmatch(r"scripts/\w+\.py", argv[1]):  # a script of its own
+        try:
+            runpy.run_path(str(ROOT / argv[1]))["main"](argv[2:])
+        except SystemExit as exit_:
+            return int(exit_.code or 0)
+        return 0
     raise AssertionError(f"no way to run {argv}")
 
 
@@ -571,3 +627,33 @@ def test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train(monkeypa
     engine.check(models.build("residual_mlp", in_features=4, out_features=2, depth=2, width=4))
     with pytest.raises(trainers.IncompatibleModelError, match="trainer 'myengine' needs a residual stack"):
         engine.check(models.build("mlp", in_features=4, out_features=2, depth=2, width=4))
+
+
+def test_the_datasets_example_trains_with_highway(tmp_path, monkeypatch):
+    """As written: three TensorDatasets, Highway-BP k=2 on the zoo's residual MLP, 3 epochs; it learns the rule
+    (chance 0.5), and the task is the one the same tensors make (same fingerprint as tensor splits)."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    scope: dict = {}
+    exec(example("from torch.utils.data import TensorDataset"), scope)  # noqa: S102 - the README's example
+    assert scope["task"].num_outputs == 2 and scope["report"]["test"]["accuracy"] > 0.8, scope["report"]
+    x, y = scope["x"], scope["y"]
+    splits = [tasks.Split(x[a:b], y[a:b]) for a, b in ((0, 400), (400, 500), (500, 600))]
+    assert tasks.Task("same", *splits, input_shape=(16,), num_outputs=2).fingerprint == scope["task"].fingerprint
+
+
+def test_the_csv_factory_example_splits_the_rows_once(tmp_path, monkeypatch):
+    """The README's my_data.py: every row of the CSV in exactly one split, in the fractions it says, features and
+    class kept together; another seed another split."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    write_my_data(tmp_path)
+    table = np.c_[np.arange(50 * 3).reshape(50, 3) / 7, np.arange(50) % 4]
+    np.savetxt(tmp_path / "rows.csv", table, delimiter=",", fmt="%g")
+    task = tasks.build("my_data.py:csv_task", path="rows.csv")
+    parts = [getattr(task, name).take(slice(0, None)) for name in ("train", "val", "test")]
+    assert [len(x) for x, _ in parts] == [30, 10, 10]
+    rows = torch.cat([torch.cat([x, y[:, None].float()], 1) for x, y in parts])
+    assert torch.allclose(rows[rows[:, 0].argsort()], torch.from_numpy(table).float())
+    other = tasks.build("my_data.py:csv_task", path="rows.csv", seed=1)
+    assert other.fingerprint != task.fingerprint
