@@ -127,13 +127,15 @@ class DataSplit:
 
     def largest_input(self) -> int | None:
         """The largest input token id (the vocabulary a model's embedding needs), None for float features."""
-        largest = None
+        found = []
         for start in range(0, len(self), 4096):
             inputs = self.take(slice(start, start + 4096))[0]
-            if not isinstance(inputs, torch.Tensor) or inputs.is_floating_point():
+            ids = [t for t in (inputs.values() if isinstance(inputs, dict) else (inputs,))  # named inputs: the ids
+                   if not t.is_floating_point()]
+            if not ids:
                 return None
-            largest = int(inputs.max()) if largest is None else max(largest, int(inputs.max()))
-        return largest
+            found.append(max(int(t.max()) for t in ids))
+        return max(found) if found else None
 
     def counted(self, keys: torch.Tensor | None = None) -> int:
         """How many targets (tokens other than ``IGNORE_INDEX``, or examples) the keys (all when None) hold."""

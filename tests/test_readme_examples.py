@@ -343,6 +343,9 @@ SKIPPED = {
         DATA + "; the same models on a tiny corpus: the Python block below it"),
     r"\.venv/bin/python scripts/train\.py --model transformers:GPT2LMHeadModel ": DATA,
     r"\.venv/bin/python scripts/token_file\.py --train \.\./shared/data/ptb/": DATA,
+    r"\.venv/bin/python scripts/compare\.py --task wikitext_data\.py:wikitext ": (
+        DATA + "; the same factory on made-up text: "
+        "test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact"),
     r"\.venv/bin/python scripts/train\.py --task tokens --data-dir data/ptb-tokens ": (
         "trains on the files the command above makes of ../shared/data; the same on made-up PTB text: "
         "tests/test_your_data.py"),
@@ -369,6 +372,7 @@ PYTHON_BLOCKS = {  # the first line of each Python block: the test that runs it
     "from torch.utils.data import TensorDataset\nimport torch, models, tasks, trainers":
         "test_the_datasets_example_trains_with_highway",
     MY_DATA: "test_the_csv_factory_example_splits_the_rows_once",
+    "# wikitext_data.py": "test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact",
 }
 
 
@@ -657,3 +661,37 @@ def test_the_csv_factory_example_splits_the_rows_once(tmp_path, monkeypatch):
     assert torch.allclose(rows[rows[:, 0].argsort()], torch.from_numpy(table).float())
     other = tasks.build("my_data.py:csv_task", path="rows.csv", seed=1)
     assert other.fingerprint != task.fingerprint
+
+
+def test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact(tmp_path, monkeypatch):
+    """The README's Hugging Face datasets factory on made-up WikiText-format files: windows whose labels are the
+    next words, 90% / 10% of the valid file, every word of the vocabulary an id; then GPT-2, given the batch's
+    named inputs by keyword, trains under Highway-BP on the structure found with k >= 2 x layers equal to
+    backprop in float64 (and k = 0 not: the contrast)."""
+    datasets = pytest.importorskip("datasets")
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    rng = np.random.default_rng(0)
+    for name, lines in (("wiki.valid.tokens", 60), ("wiki.test.tokens", 20)):
+        (tmp_path / name).write_text("\n".join(" ".join(rng.choice([f"w{i}" for i in range(12)], 6))
+                                               for _ in range(lines)) + "\n")
+    (tmp_path / "wikitext_data.py").write_text(example("# wikitext_data.py"))
+    task = tasks.build("wikitext_data.py:wikitext", data_dir=str(tmp_path), seq_len=8)
+    stream = 60 * 7  # 6 words and <eos> a line
+    assert task.num_outputs == 14 and len(task.train) + len(task.val) == (stream - 8) // 9 + 1
+    assert len(task.train) == int(0.9 * (len(task.train) + len(task.val)))
+    x, y = task.train.take(slice(0, 4))
+    assert set(x) == {"input_ids"} and torch.equal(x["input_ids"][:, 1:], y[:, :-1])
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=14, n_positions=8, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)  # no dropout: two engines, one function
+    gpt = transformers.GPT2LMHeadModel(config).double()
+    stack = models.residual_stack(gpt, example=(x, y))
+    exact = engine_grads(gpt, trainers.build_engine("backprop"), x, y, task.loss_fn)
+    highway = engine_grads(stack, trainers.build_engine("highway", k=4), x, y, task.loss_fn, strip="model.")
+    assert max(relative(highway[n], exact[n]) for n in exact) < 1e-10
+    zero = engine_grads(stack, trainers.build_engine("highway", k=0), x, y, task.loss_fn, strip="model.")
+    assert max(relative(zero[n], exact[n]) for n in exact) > 1e-3

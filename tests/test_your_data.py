@@ -310,6 +310,7 @@ def test_the_command_line_trains_on_a_task_factory_and_resumes(tmp_path, monkeyp
     (["--task", "my_data.py:broken"], "task factory broken failed: KeyError: \"no column 'label'\""),
     (["--task", "my_data.py:not_data"], "returned int 42, not a Task or the train, val and test data"),
     (["--task", "tokens", "--data-dir", "{tmp}"], "missing train.bin"),
+    (["--task", "my_data.py:blobs", "--task-option", "data_dir=x"], "--task-option data_dir= is the flag --data-dir"),
 ])
 def test_bad_task_factories_are_one_line_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys, flags, expected):
     monkeypatch.chdir(tmp_path)

@@ -15,7 +15,8 @@ them train without a wrapper class:
   model would compute a loss every step that nothing reads;
 * a dict (or a Hugging Face output) with ``logits``, an object with ``.logits``;
 * a dict of named inputs (``input_ids`` and ``attention_mask``, ``pixel_values``): passed by keyword
-  (``model(**inputs)``), the targets as above;
+  (``model(**inputs)``), the targets as above; a forward that names none of them (a wrapper's
+  ``forward(x)``, as ``residual_stack``'s) is given the dict as its one input;
 * a transformers encoder-decoder model (``config.is_encoder_decoder``: BART, T5,
   Marian, Pegasus, ...): the inputs go to the encoder and the targets, shifted by
   the model's own ``prepare_decoder_input_ids_from_labels`` (teacher forcing), to
@@ -286,7 +287,10 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
             raise ModelConfigError(f"a batch of named inputs ({', '.join(map(str, inputs))}) is passed by keyword, "
                                    f"so the model call cannot also {'transpose it' if time_first else 'pass a state'}"
                                    f"; drop --model-call {'layout' if time_first else 'state'}=")
-        return CallResult(*_result(call, model(**inputs, **_target_kwargs(model, plan, targets, False)), targets))
+        kwargs = _target_kwargs(model, plan, targets, False)
+        if _takes_names(model, inputs):
+            return CallResult(*_result(call, model(**inputs, **kwargs), targets))
+        return CallResult(*_result(call, model(inputs, **kwargs), targets))  # a wrapper: the batch as its input
     x = inputs.transpose(0, 1) if time_first else inputs
     args: list[Any] = [x]
     if plan.state == "none":
@@ -298,6 +302,16 @@ def call_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | N
     if time_first:
         outputs = _batch_first(outputs, inputs.shape[1], inputs.shape[0])
     return CallResult(outputs, loss)
+
+
+def _takes_names(model: nn.Module, inputs: Mapping) -> bool:
+    """Whether ``model``'s forward takes the named inputs by keyword (a parameter of each name, or ``**kwargs``);
+    a forward that names none of them (a wrapper, ``forward(x)``) is given the dict as its one input."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in params) or any(p.name in inputs for p in params)
 
 
 def _target_kwargs(model: nn.Module, plan: "_Plan", targets: torch.Tensor | None, time_first: bool) -> dict:

@@ -224,9 +224,13 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         build_engine(other, **flags)
     if args.data_dir is not None and not Path(args.data_dir).is_dir() and not args.download:
         raise DataError(f"data directory {args.data_dir} does not exist")
+    task_options = parse_key_values(args.task_option, "--task-option")
+    for key, flag in (("data_dir", "--data-dir"), ("download", "--download"), ("seed", "--split-seed")):
+        if key in task_options:
+            raise ConfigError(f"--task-option {key}= is the flag {flag}: give it there")
     with DataParallel().main_first():  # one download per job: rank 0 fills the cache, then the others read it
         task = tasks.build(args.task, data_dir=args.data_dir, download=args.download, seed=args.split_seed,
-                           **parse_key_values(args.task_option, "--task-option"))
+                           **task_options)
     model_options = {name[len("model_"):]: _model_value(name[len("model_"):], value)
                      for name, value in vars(args).items()
                      if name.startswith("model_") and name not in ("model_", "model_option")}
