@@ -194,3 +194,24 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, err
     return err
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingBackprop(Backprop):
+    """Exact backprop that dies after ``crash_at`` calls (simulates a killed job)."""
+
+    def __init__(self, crash_at):
+        super().__init__()
+        self.calls, self.crash_at = 0, crash_at
+
+    def compute_grads(self, *args):
+        self.calls += 1
+        if self.calls > self.crash_at:
+            raise Crash
+        return super().compute_grads(*args)
+
+
+CrashingBackprop.name = "backprop"

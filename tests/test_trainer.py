@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 import torch
+from helpers import Crash, CrashingBackprop
 
 import models
 import tasks
@@ -55,25 +56,6 @@ def test_training_improves_validation_accuracy(task):
     assert set(report) >= {"best_val", "test", "final_val", "best_step"}
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashingBackprop(Backprop):
-    """Exact backprop that dies after ``crash_at`` calls (simulates a killed job)."""
-
-    def __init__(self, crash_at):
-        super().__init__()
-        self.calls, self.crash_at = 0, crash_at
-
-    def compute_grads(self, *args):
-        self.calls += 1
-        if self.calls > self.crash_at:
-            raise Crash
-        return super().compute_grads(*args)
-
-
-CrashingBackprop.name = "backprop"
 
 
 @pytest.mark.parametrize("orthogonal", [None, "bjorck", "expm", "retraction"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import one_line_error
+from helpers import Crash, CrashingBackprop, one_line_error
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
@@ -121,25 +121,6 @@ def test_a_dataset_trains_exactly_as_the_same_tensors_do_under_every_mlp_engine(
             assert all(torch.equal(a, b) for a, b in zip(runs[0][2], other[2], strict=True)), engine
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashingBackprop(Backprop):
-    """Exact backprop that dies after ``crash_at`` steps (a killed job)."""
-
-    def __init__(self, crash_at):
-        super().__init__()
-        self.calls, self.crash_at = 0, crash_at
-
-    def compute_grads(self, *args):
-        self.calls += 1
-        if self.calls > self.crash_at:
-            raise Crash
-        return super().compute_grads(*args)
-
-
-CrashingBackprop.name = "backprop"
 
 
 def resumes_exactly(tmp_path, task, build_model, batch_size=8, steps=12):
