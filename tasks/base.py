@@ -91,8 +91,8 @@ class DataSplit:
     (so a run is a function of its seed, and a resumed run finds its place from the step); ``order()`` the fixed
     keys of an evaluation. ``len(split)`` is how many keys an epoch has. ``take(keys)`` returns
     ``(inputs, targets)`` of those keys as fresh tensors (never views: code that runs a model in place must not
-    reach the data); ``take(slice)`` takes positions of ``order()``. Subclasses give ``__len__`` and ``_take``,
-    and override the rest where they know better.
+    reach the data); ``take(slice)`` takes positions of ``order()``. Subclasses give ``__len__``, ``_take`` and
+    ``targets``, and override the rest where they know better.
     """
 
     def __len__(self) -> int:
@@ -113,17 +113,15 @@ class DataSplit:
         that runs a model is never handed a view of a split, so nothing it writes in place reaches the data."""
         return self._take(self.order()[keys] if isinstance(keys, slice) else keys)
 
+    #: Every target of the split, one row per key of ``order()`` (an attribute or a property of the subclass;
+    #: a split that cannot hold them overrides ``label_range``, ``counted`` and ``fingerprint_into`` instead).
+    targets: torch.Tensor
+
     def label_range(self) -> tuple[int, int] | None:
         """(smallest, largest) counted target (``IGNORE_INDEX`` skipped), None when none is counted; read by the
         Task's check that every label is one of the model's outputs."""
-        lows, highs = [], []
-        for start in range(0, len(self), 4096):
-            targets = self.take(slice(start, start + 4096))[1]
-            counted = targets[targets != IGNORE_INDEX]
-            if counted.numel():
-                lows.append(int(counted.min()))
-                highs.append(int(counted.max()))
-        return (min(lows), max(highs)) if lows else None
+        counted = self.targets[self.targets != IGNORE_INDEX]
+        return (int(counted.min()), int(counted.max())) if counted.numel() else None
 
     def largest_input(self) -> int | None:
         """The largest input token id (the vocabulary a model's embedding needs), None for float features."""
@@ -139,20 +137,18 @@ class DataSplit:
 
     def counted(self, keys: torch.Tensor | None = None) -> int:
         """How many targets (tokens other than ``IGNORE_INDEX``, or examples) the keys (all when None) hold."""
-        keys = self.order() if keys is None else keys
-        return sum(int((self.take(keys[start:start + 4096])[1] != IGNORE_INDEX).sum())
-                   for start in range(0, len(keys), 4096))
+        targets = self.targets if keys is None else self.targets[keys]
+        return int((targets != IGNORE_INDEX).sum())
 
     def fingerprint_into(self, digest: Any, inputs: bool) -> None:
-        """Feed the split's identity to ``digest`` (``split_fingerprint``): its size and first targets, or with
-        ``inputs`` its first inputs."""
-        x, y = self.take(slice(0, 64))
+        """Feed the split's identity to ``digest`` (``split_fingerprint``): all its targets, or with ``inputs``
+        its first 64 inputs."""
         if not inputs:
-            digest.update(str(len(self)).encode())
-            digest.update(y.contiguous().numpy().tobytes())
-        else:
-            for tensor in (x.values() if isinstance(x, dict) else (x,)):
-                digest.update(tensor.contiguous().numpy().tobytes())
+            digest.update(self.targets.contiguous().numpy().tobytes())
+            return
+        x = self.take(slice(0, 64))[0]
+        for tensor in (x.values() if isinstance(x, dict) else (x,)):
+            digest.update(tensor.contiguous().numpy().tobytes())
 
 
 @dataclass
@@ -185,22 +181,8 @@ class Split(DataSplit):
     def _take(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inputs[keys], self.targets[keys]  # indexing by a tensor copies
 
-    def label_range(self) -> tuple[int, int] | None:
-        counted = self.targets[self.targets != IGNORE_INDEX]
-        return (int(counted.min()), int(counted.max())) if counted.numel() else None
-
     def largest_input(self) -> int | None:
         return None if self.inputs.is_floating_point() else int(self.inputs.max())
-
-    def counted(self, keys: torch.Tensor | None = None) -> int:
-        targets = self.targets if keys is None else self.targets[keys]
-        return int((targets != IGNORE_INDEX).sum())
-
-    def fingerprint_into(self, digest: Any, inputs: bool) -> None:
-        if inputs:
-            digest.update(self.inputs[:64].contiguous().numpy().tobytes())
-        else:
-            digest.update(self.targets.contiguous().numpy().tobytes())
 
 
 @dataclass

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
-from .base import DataSplit, Split, Task, cross_entropy_loss, sequence_cross_entropy
+from .base import DataSplit, Task, cross_entropy_loss, sequence_cross_entropy
 from .errors import TaskConfigError, one_line
 
 __all__ = ["DatasetSplit", "from_datasets", "TARGET_KEYS"]
@@ -130,20 +130,6 @@ class DatasetSplit(DataSplit):
             self._targets = torch.cat([self._take(torch.arange(start, min(start + 1024, len(self))))[1]
                                        for start in range(0, len(self), 1024)])
         return self._targets
-
-    def label_range(self) -> tuple[int, int] | None:
-        return Split(torch.zeros(len(self)), self.targets).label_range()
-
-    def counted(self, keys: torch.Tensor | None = None) -> int:
-        return Split(torch.zeros(len(self)), self.targets).counted(keys)
-
-    def fingerprint_into(self, digest: Any, inputs: bool) -> None:
-        if not inputs:
-            digest.update(self.targets.contiguous().numpy().tobytes())
-            return
-        x = self.take(slice(0, 64))[0]
-        for tensor in (x.values() if isinstance(x, dict) else (x,)):
-            digest.update(tensor.contiguous().numpy().tobytes())
 
     def _take(self, keys: torch.Tensor) -> tuple[Any, torch.Tensor]:
         items = [self.dataset[int(k)] for k in keys]

@@ -123,6 +123,11 @@ class TokenWindows(DataSplit):
     def counted(self, keys: torch.Tensor | None = None) -> int:
         return (self.windows if keys is None else len(keys)) * self.seq_len
 
+    def fingerprint_into(self, digest: Any, inputs: bool) -> None:
+        """The part's size and its first 64 windows (not every target: the file may not fit in memory)."""
+        x, y = self.take(slice(0, 64))
+        digest.update(x.numpy().tobytes() if inputs else str(len(self)).encode() + y.numpy().tobytes())
+
 
 def _ids_in(path: Path, dtype: np.dtype) -> int:
     try:
