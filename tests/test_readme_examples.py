@@ -37,6 +37,7 @@ from torch.nn import functional as F
 import models
 import tasks
 import trainers
+from models.adapters.calling import call_model
 
 ROOT = Path(__file__).resolve().parents[1]
 README_PATH = ROOT / "README.md"
@@ -690,6 +691,8 @@ def test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact(tmp_p
                                      embd_pdrop=0.0, attn_pdrop=0.0)  # no dropout: two engines, one function
     gpt = transformers.GPT2LMHeadModel(config).double()
     stack = models.residual_stack(gpt, example=(x, y))
+    # the structure found is the model's function on the named inputs (as the Trainer and evaluation call it)
+    assert torch.equal(call_model(stack, x, y).outputs, call_model(gpt, x, y).outputs)
     exact = engine_grads(gpt, trainers.build_engine("backprop"), x, y, task.loss_fn)
     highway = engine_grads(stack, trainers.build_engine("highway", k=4), x, y, task.loss_fn, strip="model.")
     assert max(relative(highway[n], exact[n]) for n in exact) < 1e-10
