@@ -72,6 +72,12 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return hits.sum().double() / counted.sum().clamp_min(1).double()
 
 
+def label_range(targets: torch.Tensor) -> tuple[int, int] | None:
+    """(smallest, largest) counted target (``IGNORE_INDEX`` skipped), None when none is counted."""
+    counted = targets[targets != IGNORE_INDEX]
+    return (int(counted.min()), int(counted.max())) if counted.numel() else None
+
+
 def split_fingerprint(train: DataSplit, val: DataSplit, test: DataSplit) -> str:
     """A short hash of which samples are in which split, in which order (each split's ``fingerprint_into``: for
     tensors, the targets of the three splits and the first training inputs): another ``--split-seed`` or other
@@ -95,8 +101,16 @@ class DataSplit:
     ``targets``, and override the rest where they know better.
     """
 
+    #: True for a stream read in its own order (``tasks.stream.StreamSplit``), not by keys.
+    streamed = False
+
     def __len__(self) -> int:
         raise NotImplementedError
+
+    @property
+    def size(self) -> int | None:
+        """How many samples the split holds; None for a stream without a length."""
+        return len(self)
 
     def _take(self, keys: torch.Tensor) -> tuple[Any, torch.Tensor]:
         raise NotImplementedError
@@ -120,8 +134,7 @@ class DataSplit:
     def label_range(self) -> tuple[int, int] | None:
         """(smallest, largest) counted target (``IGNORE_INDEX`` skipped), None when none is counted; read by the
         Task's check that every label is one of the model's outputs."""
-        counted = self.targets[self.targets != IGNORE_INDEX]
-        return (int(counted.min()), int(counted.max())) if counted.numel() else None
+        return label_range(self.targets)
 
     def largest_input(self) -> int | None:
         """The largest input token id (the vocabulary a model's embedding needs), None for float features."""
@@ -219,11 +232,11 @@ class Task:
             raise ValueError(f"unsupported metric '{self.metric_name}'; available: {', '.join(METRICS)}")
         for split_name in ("train", "val", "test"):
             split = getattr(self, split_name)
-            if len(split) == 0:
+            if split.size == 0:
                 raise TaskConfigError(
                     f"task '{self.name}': the {split_name} split is empty; training needs samples, model selection "
                     f"a validation split and the report a test split (check the task's split options)")
-            self._check_labels(split_name, split)
+            self.check_targets(split_name, split.label_range())
             x, targets = split.take(slice(0, 2))
             first = next(iter(x.values())) if isinstance(x, dict) else x  # dict inputs: the first entry's shape
             if tuple(first.shape[1:]) != self.input_shape:
@@ -239,16 +252,16 @@ class Task:
                 )
         self.fingerprint = split_fingerprint(self.train, self.val, self.test)
 
-    def _check_labels(self, split_name: str, split: DataSplit) -> None:
-        """Class labels in [0, classes) and token targets in [0, vocabulary), or ``IGNORE_INDEX``: a label out
-        of range would otherwise fail inside torch's loss mid-training."""
+    def check_targets(self, split_name: str, bounds: tuple[int, int] | None, where: str = "") -> None:
+        """Class labels in [0, classes) and token targets in [0, vocabulary), or ``IGNORE_INDEX``; ``bounds`` the
+        (smallest, largest) counted target of a split (``label_range``) or of a batch: a label out of range
+        would otherwise fail inside torch's loss mid-training."""
         classes = self.expected_output_shape[-1]
-        bounds = split.label_range()
         if bounds is not None and (bounds[0] < 0 or bounds[1] >= classes):
             bad = bounds[0] if bounds[0] < 0 else bounds[1]
             raise TaskConfigError(
-                f"task '{self.name}': the {split_name} split has label {bad}, outside [0, {classes}) of the task's "
-                f"{classes} outputs")
+                f"task '{self.name}': the {split_name} split has label {bad}{where}, outside [0, {classes}) of the "
+                f"task's {classes} outputs")
 
     @property
     def expected_output_shape(self) -> tuple[int, ...]:

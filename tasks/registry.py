@@ -135,11 +135,19 @@ def _build_reference(reference: str, options: dict[str, Any]) -> Task:
     if isinstance(made, Task):
         return made
     if isinstance(made, dict) and set(made) >= {"train", "val", "test"}:
-        made = (made["train"], made["val"], made["test"])
+        made = dict(made)
+        splits = (made.pop("train"), made.pop("val"), made.pop("test"))
+        known = [k for k in inspect.signature(from_datasets).parameters if k not in ("train", "val", "test")]
+        unknown = sorted(set(made) - set(known))
+        if unknown:
+            raise TaskConfigError(f"task factory {attr} returned a dict with {', '.join(map(repr, unknown))}: "
+                                  f"besides train, val and test it may hold {', '.join(known)} (tasks.from_datasets)")
+        return from_datasets(*splits, **{"name": attr, **made})
     if isinstance(made, (tuple, list)) and len(made) == 3:
         return from_datasets(*made, name=attr)
     raise TaskConfigError(f"task factory {attr} returned {type(made).__name__} {made!r:.40}, not a Task or the "
-                          f"train, val and test data (a tuple of three, or a dict with those keys)")
+                          f"train, val and test data (a tuple of three, or a dict with those keys and "
+                          f"tasks.from_datasets's options)")
 
 
 def check_int(task: str, option: str, value: Any, minimum: int = 0) -> int:

@@ -38,6 +38,7 @@ import models
 import tasks
 import trainers
 from models.adapters.calling import call_model
+from tasks.stream import StreamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 README_PATH = ROOT / "README.md"
@@ -314,6 +315,8 @@ RUNS = [
         trained("train-mlp-csv_task-path=data.csv", "fa"), TRAIN),
     Run(r"\.venv/bin/python scripts/compare\.py --task my_data\.py:csv_task ",
         comparison("compare-csv_task-path=data.csv-backprop+fa+dfa", "backprop", "fa", "dfa"), COMPARE),
+    Run(r"\.venv/bin/python scripts/train\.py --task my_data\.py:csv_stream ",
+        trained("train-mlp-csv_stream-path=data.csv", "fa"), TRAIN),
     Run(r"\.venv/bin/python scripts/token_file\.py --random ", wrote_tokens("data/random"),
         "--random 30000 --random-val 700"),
     Run(r"\.venv/bin/python scripts/train\.py --task tokens --data-dir data/random ",
@@ -649,7 +652,7 @@ def test_the_datasets_example_trains_with_highway(tmp_path, monkeypatch):
 
 def test_the_csv_factory_example_splits_the_rows_once(tmp_path, monkeypatch):
     """The README's my_data.py: every row of the CSV in exactly one split, in the fractions it says, features and
-    class kept together; another seed another split."""
+    class kept together; another seed another split. Its stream: the rows after the held-out ones, in order."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     write_my_data(tmp_path)
@@ -662,6 +665,16 @@ def test_the_csv_factory_example_splits_the_rows_once(tmp_path, monkeypatch):
     assert torch.allclose(rows[rows[:, 0].argsort()], torch.from_numpy(table).float())
     other = tasks.build("my_data.py:csv_task", path="rows.csv", seed=1)
     assert other.fingerprint != task.fingerprint
+    # the same file streamed: the rows after the held-out ones, in file order, pass after pass; those validate, test
+    streamed = tasks.build("my_data.py:csv_stream", path="rows.csv", held_out=10, classes=4)
+    assert streamed.train.streamed and streamed.train.size is None
+    reader = StreamReader(streamed.train)
+    passes = [torch.stack([torch.cat([x, torch.tensor([float(y)])]) for x, y in reader.next_items(30)])
+              for _ in range(2)]
+    for rows, (a, b) in zip([*passes, *(torch.cat([x, y[:, None].float()], 1) for x, y in
+                                        (getattr(streamed, n).take(slice(0, None)) for n in ("val", "test")))],
+                            ((20, 50), (20, 50), (0, 10), (10, 20)), strict=True):
+        assert torch.allclose(rows, torch.from_numpy(table[a:b]).float())
 
 
 def test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact(tmp_path, monkeypatch):

@@ -180,6 +180,144 @@ def test_a_dict_batch_dataset_trains_resumes_and_masks_its_padding(tmp_path):
     assert not torch.allclose(loss_and_grads(unmasked, targets)[0], loss)
 
 
+# ------------------------------------------------------------------------------------------------------ streams
+class Shuffled(IterableDataset):
+    """A stream without a length that reshuffles itself by epoch (``set_epoch``), as users' streams do; counts
+    the items it yields."""
+
+    def __init__(self, x, y):
+        self.x, self.y, self.epoch, self.yielded = x, y, 0, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def order(self, epoch):
+        return torch.randperm(len(self.y), generator=torch.Generator().manual_seed(epoch))
+
+    def __iter__(self):
+        for i in self.order(self.epoch).tolist():
+            self.yielded += 1
+            yield self.x[i], self.y[i]
+
+
+class StatefulShuffled(Shuffled):
+    """The same stream with a position of its own (``state_dict``/``load_state_dict``, torchdata's protocol):
+    a loaded state applies to the next iteration."""
+
+    def __init__(self, x, y):
+        super().__init__(x, y)
+        self.offset = self._next = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state):
+        self._next = state["offset"]
+
+    def __iter__(self):
+        self.offset, self._next = self._next, 0
+        for i in self.order(self.epoch)[self.offset:].tolist():
+            self.offset += 1
+            self.yielded += 1
+            yield self.x[i], self.y[i]
+
+
+def streamed(kind, x, y):
+    """Training items (x, y) as a stream of ``kind``: plain, stateful, or a Hugging Face IterableDataset."""
+    if kind == "hf":
+        datasets = pytest.importorskip("datasets")
+        return datasets.Dataset.from_dict({"x": x.tolist(), "label": y.tolist()}).to_iterable_dataset(num_shards=2)
+    return {"plain": Shuffled, "stateful": StatefulShuffled}[kind](x, y)
+
+
+def pairs_of(items):
+    """The collate of a Hugging Face stream's dict items {x, label}."""
+    return torch.tensor([item["x"] for item in items]), torch.tensor([item["label"] for item in items])
+
+
+def stream_task(kind, n=20):
+    x, y = features(n=n + 32)
+    (a, b), (c, d), (e, f) = three(x, y, cut=(n, n + 16))
+    train = streamed(kind, a, b)  # a Hugging Face stream through a DataLoader: its collate_fn, for it alone
+    return tasks.from_datasets(DataLoader(train, collate_fn=pairs_of) if kind == "hf" else train, Pairs(c, d),
+                               Pairs(e, f), num_outputs=3)
+
+
+def test_a_stream_is_read_in_its_own_order_pass_after_pass_into_full_batches():
+    """Batch s is items s*B..(s+1)*B-1 of the stream's passes laid end to end (each pass reshuffled through
+    set_epoch): backprop + plain SGD on the stream equals the same update written by hand on those batches,
+    float64; 20 items in batches of 8, so batches straddle passes."""
+    x, y = features(n=20)
+    stream = Shuffled(x.double(), y)
+    task = tasks.from_datasets(stream, Pairs(x, y), Pairs(x, y), num_outputs=3)
+    passes = torch.cat([stream.order(epoch) for epoch in range(4)])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    by_hand = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    trainer = trainers.Trainer(model, trainers.build_engine("backprop"), task, batch_size=8, optimizer="sgd",
+                               momentum=0.0, lr=0.1, dtype="float64", progress=False, log_every=1)
+    trainer.fit(steps=7)
+    for step in range(7):
+        rows = passes[step * 8:(step + 1) * 8]
+        h = torch.tanh(x.double()[rows] @ by_hand[0].T + by_hand[1])
+        loss = task.loss_fn(h @ by_hand[2].T + by_hand[3], y[rows])
+        grads = torch.autograd.grad(loss, by_hand)
+        with torch.no_grad():
+            for p, g in zip(by_hand, grads, strict=True):
+                p -= 0.1 * g
+        assert trainer.history[step]["train/loss"] == pytest.approx(loss.item(), rel=1e-12)
+    for a, b in zip(model.parameters(), by_hand, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert trainer.history[-1]["samples"] == 56 and trainer.history[-1]["epoch"] is None  # no length: no epochs
+
+
+def test_streams_train_alike_under_every_mlp_engine_whether_they_keep_a_state_or_not():
+    """A plain stream, one with a state of its own and a Hugging Face IterableDataset of the same items in the
+    same order give the same metrics and weights for every trainer of the orthogonal MLP."""
+    pytest.importorskip("datasets")
+    x, y = features(n=20)
+    order = torch.cat([Shuffled(x, y).order(0)] * 3)  # Hugging Face's stream does not reshuffle: one order
+    plain = tasks.from_datasets(ListStream(x[order], y[order]), Pairs(x, y), Pairs(x, y), num_outputs=3)
+    hf = tasks.from_datasets(DataLoader(streamed("hf", x[order], y[order]), collate_fn=pairs_of), Pairs(x, y),
+                             Pairs(x, y), num_outputs=3)
+    for engine in ("backprop", "fa", "dfa", "usf", "brsf", "frsf", "pepita", "foton"):
+        runs = []
+        for task in (plain, hf):
+            torch.manual_seed(0)
+            model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8, activation="tanh",
+                                 orthogonal="bjorck")
+            trainer = trainers.Trainer(model, trainers.build_engine(engine), task, batch_size=16, log_every=1,
+                                       eval_every=2, progress=False, lr=0.05)
+            report = trainer.fit(steps=3)
+            runs.append((without_timing(trainer.history), report, [p.detach().clone() for p in model.parameters()]))
+        assert runs[1][0] == runs[0][0] and runs[1][1] == runs[0][1], engine
+        assert all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2], strict=True)), engine
+
+
+class ListStream(IterableDataset):
+    """Items in one fixed order, every pass."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        return iter(zip(self.x, self.y.tolist()))
+
+
+@pytest.mark.parametrize("kind", ["plain", "stateful", "hf"])
+def test_a_stream_run_resumes_exactly_from_its_position(tmp_path, kind):
+    """Killed at step 10 and resumed from step 9 (the position mid-pass of the fourth pass): the uninterrupted
+    run's metrics and weights; a stream with a state of its own is put at its position, not read again (the
+    resumed fit reads only the items of the steps it trains)."""
+    task = stream_task(kind)
+    resumes_exactly(tmp_path, task, lambda: nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)))
+    if kind != "hf":
+        # the head (one pass of 20), the whole run, the killed one (batches of steps 0..10), the resumed steps
+        read = 20 + 12 * 8 + 11 * 8 + 3 * 8
+        replayed = 9 * 8 % 20  # the items of the fourth pass before the step-9 checkpoint: read again if stateless
+        assert task.train.dataset.yielded == read + (0 if kind == "stateful" else replayed), kind
+
+
 # ------------------------------------------------------------------------------------------------- token files
 def write_corpus(folder: Path, words=400, seed=0) -> Path:
     """A PTB-format corpus of made-up sentences (three files)."""
@@ -249,7 +387,7 @@ def test_random_starts_cover_the_range_and_slice_by_batch():
 # -------------------------------------------------------------------------------------------- the command line
 FACTORY = '''
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 
 def blobs(n=120, classes=3, data_dir=None):
@@ -259,6 +397,26 @@ def blobs(n=120, classes=3, data_dir=None):
     x = torch.randn(n, 4, generator=gen) + 3 * torch.nn.functional.one_hot(y, 4).float()
     return {"train": TensorDataset(x[:80], y[:80]), "val": TensorDataset(x[80:100], y[80:100]),
             "test": TensorDataset(x[100:], y[100:])}
+
+
+class Rows(IterableDataset):
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+def stream(bad_at=None):
+    """The blobs, training rows streamed (a label of 7 at row bad_at)."""
+    made = blobs()
+    if bad_at is not None:
+        made["train"].tensors[1][bad_at] = 7
+    return {**made, "train": Rows(made["train"]), "num_outputs": 3}
+
+
+def extra():
+    return {**blobs(), "classes": 3}
 
 
 def broken():
@@ -283,13 +441,33 @@ def test_the_command_line_trains_on_a_task_factory_and_resumes(tmp_path, monkeyp
     capsys.readouterr()
 
 
+def test_the_command_line_streams_a_factory_s_iterable_dataset_in_steps(tmp_path, monkeypatch, capsys):
+    """A factory's IterableDataset trains in steps (its records carry no epoch); asked for epochs, or meeting a
+    label outside the outputs mid-run, the command line says so in one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_data.py").write_text(FACTORY)
+    flags = ["--model", "mlp", "--trainer", "dfa", "--batch-size", "8", "--progress", "false"]
+    assert train_main(["--task", "my_data.py:stream", *flags, "--steps", "12"]) == 0
+    result = json.loads((tmp_path / "runs" / "train-mlp-stream" / "dfa" / "seed0" / "result.json").read_text())
+    assert result["steps"] == 12 and result["samples"] == 96 and result["epochs"] is None
+    capsys.readouterr()
+    assert train_main(["--task", "my_data.py:stream", *flags, "--epochs", "2", "--overwrite"]) == 2
+    assert "the training data is a stream without a length (no __len__), so it has no epochs: give the run in " \
+           "steps (--steps N" in one_line_error(capsys)
+    assert train_main(["--task", "my_data.py:stream", "--task-option", "bad_at=70", *flags, "--steps", "10",
+                       "--run-name", "bad"]) == 2
+    assert "the train split has label 7 at step 8, outside [0, 3)" in one_line_error(capsys)
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["--task", "nowhere.py:blobs"], "task file nowhere.py does not exist"),
-    (["--task", "my_data.py:blob"], "my_data.py has no task factory 'blob'; it defines blobs, broken, not_data"),
+    (["--task", "my_data.py:blob"], "my_data.py has no task factory 'blob'; it defines Rows, blobs, broken, extra, not_data, stream"),
     (["--task", "my_data.py:blobs", "--task-option", "size=3"],
      "takes no option 'size'; it takes: n, classes, data_dir"),
     (["--task", "my_data.py:broken"], "task factory broken failed: KeyError: \"no column 'label'\""),
     (["--task", "my_data.py:not_data"], "returned int 42, not a Task or the train, val and test data"),
+    (["--task", "my_data.py:extra"], "returned a dict with 'classes': besides train, val and test it may hold "
+                                     "num_outputs, name, collate"),
     (["--task", "tokens", "--data-dir", "{tmp}"], "missing train.bin"),
     (["--task", "my_data.py:blobs", "--task-option", "data_dir=x"], "--task-option data_dir= is the flag --data-dir"),
 ])
@@ -326,7 +504,8 @@ def test_bad_data_is_refused_in_one_line_when_the_task_is_made(tmp_path):
         (([{"input_ids": torch.zeros(2)}] * 3, good, good), "no target: name it one of labels"),
         ((good, TensorDataset(x[:0], y[:0]), good), "the val data is empty"),
         ((DataLoader(good, shuffle=True), good, good), "draws its own order (RandomSampler, e.g. shuffle=True)"),
-        ((Stream(), good, good), "is an IterableDataset"),
+        ((Stream(), good, good), "the training data is a stream, whose labels are not known before training: "
+                                 "give num_outputs"),
         ((good, good, TensorDataset(x, y + 5)), "the test split has label 7, outside [0, 3)"),
         ((object(), good, good), "not a Dataset"),
     ]

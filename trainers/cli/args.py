@@ -248,7 +248,8 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         else model_options
 
     def fits(build) -> None:
-        check_fits(build, task.train.take(slice(0, 1))[0], batch_size=min(cfg.batch_size, len(task.train)),
+        batch_size = min(cfg.batch_size, task.train.size or cfg.batch_size)  # a stream without a length: full
+        check_fits(build, task.train.take(slice(0, 1))[0], batch_size=batch_size,
                    optimizer=cfg.optimizer, momentum=cfg.momentum, dtype=getattr(torch, cfg.dtype),
                    device=torch.device(local_device(cfg.device)), depth=model_options.get("depth"))
 

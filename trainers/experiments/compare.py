@@ -6,7 +6,6 @@ then ``summary.md`` (a Markdown table, mean +- std over seeds) and
 """
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from trainers.experiments.summary import model_text, write_summary
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.hparams import write_experiment_config
 from trainers.run.rundir import RunDirectory, run_path
-from trainers.run.trainer import Trainer
+from trainers.run.trainer import Trainer, steps_per_epoch
 
 __all__ = ["run_comparison", "refuse_taken", "compatible"]
 
@@ -165,8 +164,8 @@ def _run_lengths(budget: str, reference: str, setups: dict, epochs, steps, timin
     if budget == "samples" and steps is None:
         return {t: {"epochs": epochs} for t in setups}
     batches = {t: s.config.batch_size * DataParallel().world_size for t, s in setups.items()}
-    n_train = len(setups[reference].task.train)
-    reference_steps = steps if steps is not None else epochs * math.ceil(n_train / batches[reference])
+    reference_steps = steps if steps is not None else \
+        epochs * steps_per_epoch(setups[reference].task, batches[reference])
     ratios = {t: timing["trainers"][t]["ratio"] for t in setups}
     return {t: {"steps": n} for t, n in budget_steps(budget, reference, reference_steps, batches, ratios).items()}
 

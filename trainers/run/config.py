@@ -33,7 +33,8 @@ class TrainConfig:
     clip_grad_norm: float | None = option(None, "clip the global gradient norm to this value (none: off)")
     batch_size: int = option(64, "training batch size")
     eval_batch_size: int = option(1024, "evaluation batch size")
-    eval_every: int | None = option(None, "evaluate on the validation split every N steps (none: every epoch)")
+    eval_every: int | None = option(None, "evaluate on the validation split every N steps "
+                                          "(none: every epoch; a stream without a length: ten times a run)")
     eval_batches: int | None = option(
         None, "evaluate on at most N validation batches of eval_batch_size at periodic evaluations, the same "
               "rows each time (none: the whole split; the final validation and the test always use the whole split)"

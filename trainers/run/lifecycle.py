@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from models.errors import one_line
+from tasks.errors import TaskConfigError
 from trainers.core.errors import (
     USER_ERRORS,
     ConfigError,
@@ -67,6 +68,10 @@ def _restore(trainer, state: dict, changes: list[dict]) -> None:
     set_rng_state(state["rng"])
     trainer.step, trainer.best, trainer.saved_step = state["step"], state["best"], state["step"]
     trainer.changes = list(state.get("changes", [])) + changes
+    if trainer.stream is not None:  # the stream's position (a sampler state) where the checkpoint left it
+        said = trainer.stream.restore(state["data"])
+        if said is not None and trainer.parallel.is_main:
+            note(said)
 
 
 def start(trainer, resumed) -> None:
@@ -78,6 +83,8 @@ def start(trainer, resumed) -> None:
                  f"{change['from']} (recorded in result.json)")
     else:
         seed_everything(trainer.cfg.seed)
+        if trainer.stream is not None:
+            trainer.stream.restart()
     trainer.parallel.broadcast_module(trainer.model)  # one replica, whatever each rank initialised
 
 
@@ -126,8 +133,8 @@ def write_failure(trainer, err: OSError) -> str:
 
 def run_failure(trainer, err: BaseException, logger: RunLogger | None, *, evaluating: bool = False) -> BaseException:
     """The error a failure during training is reported as (``err`` itself where it already says it all):
-    disk full, out of memory, Ctrl-C, SIGTERM, a user's model, a non-finite loss (recorded in failed.json),
-    a lost rank."""
+    disk full, out of memory, Ctrl-C, SIGTERM, a user's model, the data (a streamed item), a non-finite loss
+    (recorded in failed.json), a lost rank."""
     if isinstance(err, OSError):
         return RunWriteError(write_failure(trainer, err))
     if out_of_memory(err):
@@ -140,6 +147,8 @@ def run_failure(trainer, err: BaseException, logger: RunLogger | None, *, evalua
                                      f"{_every_seconds(trainer)}): nothing to continue, a rerun starts it afresh")
         again = "evaluates it again and writes the results" if evaluating else "continues the run"
         return interruption(err, f"{at}, {kept(trainer)}; {spell('resume')} {again}")
+    if isinstance(err, TaskConfigError):  # the data, met mid-run (a stream's item): and what was kept
+        return TaskConfigError(f"{err}; {kept(trainer)}")
     if trainer.user_model and isinstance(err, Exception) and not isinstance(err, NAMED_ERRORS):
         return ModelRunError(f"model '{trainer.meta.get('name')}' failed at step {trainer.step}: {one_line(err)}; "
                              f"{kept(trainer)}")

@@ -9,8 +9,9 @@
                                  checkpoint_seconds passed since the last: an interrupt loses at most that)
     final evaluations, result    (a failure: one line saying what was kept, lifecycle.run_failure)
 
-Data order is a function of (seed, epoch) alone, and every random generator
-is checkpointed, so a resumed run reproduces the uninterrupted one exactly.
+Data order is a function of (seed, epoch) alone (a stream's position, ``tasks.stream``, is in the
+checkpoint), and every random generator is checkpointed, so a resumed run reproduces the uninterrupted
+one exactly.
 Model selection uses the validation split (with ``eval_batches``, a fixed
 subset of it at the periodic evaluations); at the end the last and the best
 validation models are evaluated on the whole validation split, and the test
@@ -40,7 +41,8 @@ from models.adapters.calling import call_model, model_call
 from models.adapters.user import is_reference
 from models.errors import ModelConfigError
 from models.orthogonal.retraction import CayleyRetraction
-from tasks.base import IGNORE_INDEX, Task
+from tasks.base import IGNORE_INDEX, Task, label_range
+from tasks.stream import StreamReader
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError, RunWriteError, spell
@@ -56,11 +58,20 @@ from trainers.run.progress import Progress
 from trainers.run.rundir import RunDirectory, run_path
 from trainers.run.step import StepResult, TrainStep, agreement_scalars
 
-__all__ = ["Trainer", "check_task_model", "eval_subset"]
+__all__ = ["Trainer", "check_task_model", "eval_subset", "steps_per_epoch"]
 
 _SAID: set[str] = set()  # what engines said of a model's structure, once per process
 
 EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
+
+
+def steps_per_epoch(task: Task, global_batch: int) -> int:
+    """Steps of one epoch of ``task``'s training split (one pass of a stream with a length); a stream without
+    one has no epochs (``ConfigError``, one line)."""
+    if task.train.size is None:
+        raise ConfigError(f"task '{task.name}': the training data is a stream without a length (no __len__), so it "
+                          f"has no epochs: give the run in steps (--steps N, fit(steps=N))")
+    return math.ceil(task.train.size / global_batch)
 
 
 def eval_subset(n: int, batches: int | None, batch_size: int) -> torch.Tensor | None:
@@ -157,7 +168,9 @@ class Trainer:
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
         self._order: tuple[int, Any] | None = None  # (epoch, the training keys of that epoch in order)
-        last = len(task.train) % self.global_batch
+        self.stream = StreamReader(task.train) if task.train.streamed else None  # its position: in checkpoints
+        self.eval_every = cfg.eval_every  # set by fit where None: once an epoch, or ten times a stream's run
+        last = 0 if self.stream is not None else len(task.train) % self.global_batch  # a stream's batches are full
         if 0 < last < self.parallel.world_size:
             raise ConfigError(
                 f"the last batch of each epoch holds {last} sample(s), fewer than the {self.parallel.world_size} "
@@ -171,23 +184,34 @@ class Trainer:
         return self.cfg.batch_size * self.parallel.world_size
 
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.task.train) / self.global_batch)
+        return steps_per_epoch(self.task, self.global_batch)
 
     def samples_seen(self, step: int) -> int:
-        """Training samples (over all ranks) in the first ``step`` steps: whole epochs, then full batches."""
+        """Training samples (over all ranks) in the first ``step`` steps: whole epochs, then full batches (a
+        stream's batches are all full)."""
+        if self.stream is not None:
+            return step * self.global_batch
         epoch, index = divmod(step, self.steps_per_epoch())
         return epoch * len(self.task.train) + min(index * self.global_batch, len(self.task.train))
 
     def where(self, step: int) -> dict:
-        """Where a record of ``step`` lies on the other axes: samples seen, epochs, and (timed) compute ms."""
-        samples = self.samples_seen(step)
-        where = {"samples": samples, "epoch": samples / len(self.task.train)}
+        """Where a record of ``step`` lies on the other axes: samples seen, epochs (None for a stream without a
+        length), and (timed) compute ms."""
+        samples, size = self.samples_seen(step), self.task.train.size
+        where = {"samples": samples, "epoch": None if size is None else samples / size}
         if self.timing is not None:
             where["compute_ms"] = step * self.timing["step_ms"]
         return where
 
     def _batch(self, step: int):
-        """This rank's shard of the batch of global ``step``: epoch permutation from (seed, epoch) only."""
+        """This rank's shard of the batch of global ``step``: epoch permutation from (seed, epoch) only, or the
+        stream's next global batch (its labels checked as they arrive)."""
+        if self.stream is not None:
+            items = self.stream.next_items(self.global_batch)
+            inputs, targets = self.task.train.collate_items([items[int(i)] for i in
+                                                             self.parallel.shard(torch.arange(len(items)))])
+            self.task.check_targets("train", label_range(targets), f" at step {step}")
+            return to_device(inputs, self.device, self.dtype), targets.to(self.device)
         epoch, index = divmod(step, self.steps_per_epoch())
         if self._order is None or self._order[0] != epoch:
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
@@ -257,6 +281,7 @@ class Trainer:
             "task": self.task.name,
             "identity": self.identity(),
             "changes": self.changes,
+            "data": self.stream.position() if self.stream is not None else None,
         }
 
     def identity(self) -> dict:
@@ -265,7 +290,7 @@ class Trainer:
         task = self.task
         return {"trainer": self.engine.name, "engine": self.engine.hparams(), "model": self.meta,
                 "task": {"name": task.name, "input_shape": list(task.input_shape), "outputs": task.num_outputs,
-                         **{split: len(getattr(task, split)) for split in ("train", "val", "test")},
+                         **{split: getattr(task, split).size for split in ("train", "val", "test")},
                          "split": task.fingerprint}}
 
     def save_checkpoint(self) -> Path | None:
@@ -297,6 +322,8 @@ class Trainer:
             raise ConfigError("give exactly one of epochs or steps")
         if total < 1:
             raise ConfigError(f"the run must have at least one step, got {total}")
+        if self.cfg.eval_every is None:
+            self.eval_every = self.steps_per_epoch() if self.task.train.size is not None else max(1, total // 10)
         self.update.scheduler = build_scheduler(self.optimizer, self.cfg, total)
         # rank 0 locks and reads the run directory; every rank gets its verdict (and the checkpoint)
         verdict = self.parallel.broadcast_object(
@@ -367,7 +394,7 @@ class Trainer:
         if self.step % cfg.log_every == 0 or self.step == total:
             scalars.update(self.update.scalars(result))
         # evaluate (on the fixed subset with eval_batches), keep the best validation model
-        evaluated = self.step % (cfg.eval_every or self.steps_per_epoch()) == 0 or self.step == total
+        evaluated = self.step % self.eval_every == 0 or self.step == total
         if evaluated:
             self.parallel.average_running_stats(self.model)
             self.parallel.check_in_sync(self.model)
