@@ -301,7 +301,7 @@ class ListStream(IterableDataset):
         self.x, self.y = x, y
 
     def __iter__(self):
-        return iter(zip(self.x, self.y.tolist()))
+        return iter(zip(self.x, self.y.tolist(), strict=True))
 
 
 @pytest.mark.parametrize("kind", ["plain", "stateful", "hf"])
@@ -461,7 +461,8 @@ def test_the_command_line_streams_a_factory_s_iterable_dataset_in_steps(tmp_path
 
 @pytest.mark.parametrize("flags, expected", [
     (["--task", "nowhere.py:blobs"], "task file nowhere.py does not exist"),
-    (["--task", "my_data.py:blob"], "my_data.py has no task factory 'blob'; it defines Rows, blobs, broken, extra, not_data, stream"),
+    (["--task", "my_data.py:blob"],
+     "my_data.py has no task factory 'blob'; it defines Rows, blobs, broken, extra, not_data, stream"),
     (["--task", "my_data.py:blobs", "--task-option", "size=3"],
      "takes no option 'size'; it takes: n, classes, data_dir"),
     (["--task", "my_data.py:broken"], "task factory broken failed: KeyError: \"no column 'label'\""),

@@ -42,7 +42,7 @@ from models.adapters.user import is_reference
 from models.errors import ModelConfigError
 from models.orthogonal.retraction import CayleyRetraction
 from tasks.base import IGNORE_INDEX, Task, label_range
-from tasks.stream import StreamReader
+from tasks.stream import StreamReader, StreamSplit
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError, RunWriteError, spell
@@ -168,8 +168,9 @@ class Trainer:
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
         self._order: tuple[int, Any] | None = None  # (epoch, the training keys of that epoch in order)
-        self.stream = StreamReader(task.train) if task.train.streamed else None  # its position: in checkpoints
-        self.eval_every = cfg.eval_every  # set by fit where None: once an epoch, or ten times a stream's run
+        # a stream's place in it (in the checkpoints)
+        self.stream = StreamReader(task.train) if isinstance(task.train, StreamSplit) else None
+        self.eval_every = 0  # steps between evaluations, set by fit: once an epoch or ten times a stream's run
         last = 0 if self.stream is not None else len(task.train) % self.global_batch  # a stream's batches are full
         if 0 < last < self.parallel.world_size:
             raise ConfigError(
@@ -208,8 +209,8 @@ class Trainer:
         stream's next global batch (its labels checked as they arrive)."""
         if self.stream is not None:
             items = self.stream.next_items(self.global_batch)
-            inputs, targets = self.task.train.collate_items([items[int(i)] for i in
-                                                             self.parallel.shard(torch.arange(len(items)))])
+            inputs, targets = self.stream.split.collate_items([items[int(i)] for i in
+                                                               self.parallel.shard(torch.arange(len(items)))])
             self.task.check_targets("train", label_range(targets), f" at step {step}")
             return to_device(inputs, self.device, self.dtype), targets.to(self.device)
         epoch, index = divmod(step, self.steps_per_epoch())
@@ -322,8 +323,8 @@ class Trainer:
             raise ConfigError("give exactly one of epochs or steps")
         if total < 1:
             raise ConfigError(f"the run must have at least one step, got {total}")
-        if self.cfg.eval_every is None:
-            self.eval_every = self.steps_per_epoch() if self.task.train.size is not None else max(1, total // 10)
+        self.eval_every = self.cfg.eval_every or (
+            self.steps_per_epoch() if self.task.train.size is not None else max(1, total // 10))
         self.update.scheduler = build_scheduler(self.optimizer, self.cfg, total)
         # rank 0 locks and reads the run directory; every rank gets its verdict (and the checkpoint)
         verdict = self.parallel.broadcast_object(
