@@ -13,7 +13,10 @@ A gradient engine turns (model, batch, loss) into a gradient estimate:
   its own copy of the batch (``models.adapters.calling.own_copy``), and every
   run of the model through ``call_model`` on a copy of its own;
 * ``out.loss`` is the (detached) loss of the clean forward pass on the batch,
-  ``out.outputs`` its (detached) outputs.
+  ``out.outputs`` its (detached) outputs;
+* a model wrapped in ``DistributedDataParallel`` is trained as its module and its
+  gradients are averaged over the replicas once, as DDP's own backward would
+  (``trainers.core.replicas``); a sharded model is refused in one line.
 
 ``loss_fn(outputs, targets)`` returns the mean loss over the batch. An engine that
 runs the model's own forward calls it through ``models.call_model`` (or
@@ -43,6 +46,7 @@ import torch.nn as nn
 
 from models.adapters.calling import own_copy
 from trainers.core.options import as_dict, parse_options
+from trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
 from trainers.core.threads import threads_for_api
 
 __all__ = ["GradientEngine", "StepOutput", "LossFn", "trainable_parameters", "write_grads"]
@@ -72,12 +76,18 @@ def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | N
 def _checked_first(compute_grads):
     """``compute_grads`` on its own copy of the batch (``own_copy``: whatever the engine's runs of the model
     write in place, the caller's tensors are not written), that first runs ``self.prepare`` on it (once per
-    model)."""
+    model); on a DDP-wrapped model, on its module, the gradients then averaged over the replicas."""
     @functools.wraps(compute_grads)
     def wrapper(self, model, inputs, targets, loss_fn):
+        model, replicas = unwrap(model)
         inputs, targets = own_copy(inputs), own_copy(targets)
+        if replicas is not None:
+            sync_buffers(replicas)
         self.prepare(model, inputs, targets, loss_fn)
-        return compute_grads(self, model, inputs, targets, loss_fn)
+        out = compute_grads(self, model, inputs, targets, loss_fn)
+        if replicas is not None:
+            average_over_replicas(replicas, [p for _, p in trainable_parameters(model)])
+        return out
     return wrapper
 
 
@@ -118,6 +128,7 @@ class GradientEngine:
         (``trainers.core.threads.threads_for_api``), ``check`` (a model it cannot train is one line, not a failure
         inside its arithmetic) and ``first_batch_check`` on this batch. The Trainer calls it before anything is
         written; ``compute_grads`` calls it on its first batch."""
+        model = unwrap(model)[0]
         checked = self.__dict__.setdefault("_checked_models", weakref.WeakSet())
         if model not in checked:
             threads_for_api()

@@ -47,6 +47,7 @@ from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError, RunWriteError, spell
 from trainers.core.options import as_dict, parse_options
+from trainers.core.replicas import unwrap
 from trainers.core.rng import rng_state
 from trainers.core.threads import threads_for_api
 from trainers.run import lifecycle
@@ -115,6 +116,8 @@ class Trainer:
             if not isinstance(value, kind):
                 raise ConfigError(f"Trainer's {name} must be {how}, got {type(value).__name__} {value!r:.60}")
         threads_for_api()  # as the command line does, unless this process chose already (trainers.set_threads)
+        # a DDP-wrapped model trains as its module: the Trainer's own data parallelism averages the gradients once
+        model = unwrap(model)[0]
         cfg = config or TrainConfig()
         if overrides:
             cfg = parse_options(TrainConfig, {**as_dict(cfg), **overrides})

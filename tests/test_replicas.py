@@ -1,0 +1,107 @@
+"""Models wrapped in DistributedDataParallel (issue 49): whoever wrapped the model, an engine's gradients are
+averaged over the replicas exactly once (``trainers/core/replicas.py``), and sharded models are refused.
+
+Two gloo processes (torchrun) each hand their half of a batch to ``engine.compute_grads(DDP(model), ...)``; one
+process computes the same engine's gradients on the whole batch (float64)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+from torch import nn
+
+import models
+import tasks
+import trainers
+from trainers.core.replicas import unwrap
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+
+ENGINES = {"backprop": "mlp", "fa": "mlp", "dfa": "mlp", "highway": "residual_mlp"}
+
+SCRIPT = '''
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, sys.argv[2])
+import models, tasks, trainers
+from trainers.core.errors import IncompatibleModelError
+
+dist.init_process_group("gloo")
+rank, out = dist.get_rank(), sys.argv[1]
+grads = {{}}
+for engine, zoo in {engines}.items():
+    torch.manual_seed(0)
+    model = models.build(zoo, in_features=6, out_features=3, depth=2, width=8).double()
+    x, y = {batch}
+    wrapped = DistributedDataParallel(model)
+    trainers.build_engine(engine).compute_grads(wrapped, x[rank::2], y[rank::2], tasks.base.cross_entropy_loss)
+    grads[engine] = {{name: p.grad.clone() for name, p in model.named_parameters()}}
+torch.save(grads, f"{{out}}/rank{{rank}}.pt")
+from torch.distributed.fsdp import fully_shard
+sharded = fully_shard(models.build("mlp", in_features=6, out_features=3, depth=2, width=8))
+try:
+    trainers.build_engine("backprop").compute_grads(sharded, x[:2], y[:2], tasks.base.cross_entropy_loss)
+    refusal = "accepted"
+except IncompatibleModelError as err:
+    refusal = str(err)
+if rank == 0:
+    open(f"{{out}}/refusal.txt", "w").write(refusal)
+dist.destroy_process_group()
+'''
+
+
+def batch():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(8, 6, generator=gen, dtype=torch.float64), torch.randint(0, 3, (8,), generator=gen)
+
+
+def one_process_grads(engine, zoo, x, y):
+    torch.manual_seed(0)
+    model = models.build(zoo, in_features=6, out_features=3, depth=2, width=8).double()
+    trainers.build_engine(engine).compute_grads(model, x, y, tasks.base.cross_entropy_loss)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_two_ddp_replicas_hold_the_whole_batch_gradient_of_every_engine(tmp_path):
+    """Each rank's gradients, after compute_grads on its half of the batch through DDP, equal one process's on the
+    whole batch (1e-12, float64), for backprop, FA, DFA and Highway-BP, while a half batch's own gradient is far
+    from it (so an engine that left DDP's average out would fail); a fully_shard model is refused in one line."""
+    x, y = batch()
+    script = SCRIPT.format(engines=ENGINES, batch="torch.load(sys.argv[3])")
+    torch.save((x, y), tmp_path / "batch.pt")
+    (tmp_path / "ddp.py").write_text(script)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(tmp_path / "ddp.py"), str(tmp_path), str(ROOT), str(tmp_path / "batch.pt")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    for engine, zoo in ENGINES.items():
+        whole = one_process_grads(engine, zoo, x, y)
+        half = one_process_grads(engine, zoo, x[0::2], y[0::2])
+        for name, g in whole.items():
+            for rank in ranks:
+                torch.testing.assert_close(rank[engine][name], g, rtol=1e-12, atol=1e-12, msg=f"{engine} {name}")
+        assert max(float((half[n] - whole[n]).norm() / whole[n].norm()) for n in whole) > 0.05, engine
+    refusal = (tmp_path / "refusal.txt").read_text()  # FSDP2's fully_shard: refused in one line
+    assert "is sharded (its parameters are DTensors" in refusal and "not supported yet" in refusal, refusal
+
+
+def test_a_one_process_wrapper_is_its_module_and_the_trainer_trains_the_module():
+    """nn.DataParallel (one process) and DDP in a one-rank group are unwrapped to the module: the same gradients
+    as the module itself; the Trainer given a wrapped model trains the module's Parameters in place."""
+    model = models.build("mlp", in_features=6, out_features=3, depth=2, width=8).double()
+    assert unwrap(nn.DataParallel(model)) == (model, None)
+    x, y = batch()
+    engine = trainers.build_engine("backprop")
+    engine.compute_grads(nn.DataParallel(model), x, y, tasks.base.cross_entropy_loss)
+    wrapped = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    engine.compute_grads(model, x, y, tasks.base.cross_entropy_loss)
+    assert all(torch.equal(wrapped[n], p.grad) for n, p in model.named_parameters())
