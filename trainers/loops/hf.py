@@ -35,11 +35,11 @@ import torch
 import transformers
 from transformers.modeling_outputs import CausalLMOutput
 
-import models
 from trainers.core.engine import GradientEngine, trainable_parameters
-from trainers.core.errors import ConfigError, IncompatibleModelError
+from trainers.core.errors import ConfigError
 from trainers.core.registry import build_engine
 from trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
+from trainers.loops.structure import model_for_engine
 
 __all__ = ["EngineTrainer", "ENGINE_FILE"]
 
@@ -118,20 +118,6 @@ class EngineTrainer(transformers.Trainer):
                               f"where its loss_function of its logits gives {float(mine)!r}: the engine would train "
                               f"another loss; give the loss as compute_loss_func")
 
-    def _model_for_engine(self, module: torch.nn.Module, example: tuple) -> torch.nn.Module:
-        """The module itself, or the residual stack found in it for an engine that needs one (Highway-BP)."""
-        try:
-            self.engine.check(module)
-            return module
-        except IncompatibleModelError as err:
-            if self.engine.name != "highway":
-                raise
-            try:
-                return models.residual_stack(module, example=example)
-            except models.ModelConfigError as found:
-                raise ConfigError(f"{err}; and no residual stack was found in {type(module).__name__}: {found}") \
-                    from None
-
     # --------------------------------------------------------------------------------------- the step
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
         """The stock step with ``backward()`` replaced by the engine: gradients added to those of the earlier
@@ -147,7 +133,7 @@ class EngineTrainer(transformers.Trainer):
         loss_fn = self.engine_loss(module, num_items_in_batch)
         if self._trained is None:
             self._check_loss(module, named, labels, loss_fn, num_items_in_batch)
-            self._trained = self._model_for_engine(module, (named, labels))
+            self._trained = model_for_engine(self.engine, module, (named, labels))
         factor = self._scale(num_items_in_batch)
         params = [p for _, p in trainable_parameters(module)]
         earlier = [p.grad for p in params]

@@ -1,0 +1,27 @@
+"""The module an engine trains inside another loop: the model itself, or, for an engine that needs a structure the
+model does not declare (Highway-BP's residual stack), the one found in it from a batch (``models.residual_stack``)."""
+
+from __future__ import annotations
+
+import torch
+
+import models
+from trainers.core.engine import GradientEngine
+from trainers.core.errors import ConfigError, IncompatibleModelError
+
+__all__ = ["model_for_engine"]
+
+
+def model_for_engine(engine: GradientEngine, module: torch.nn.Module, example: tuple) -> torch.nn.Module:
+    """``module``, or the residual stack found in it from ``example`` ((inputs, targets)) where ``engine`` is
+    Highway-BP and ``module`` declares none; an engine that cannot train it refuses in one line."""
+    try:
+        engine.check(module)
+        return module
+    except IncompatibleModelError as err:
+        if engine.name != "highway":
+            raise
+        try:
+            return models.residual_stack(module, example=example)
+        except models.ModelConfigError as found:
+            raise ConfigError(f"{err}; and no residual stack was found in {type(module).__name__}: {found}") from None
