@@ -360,6 +360,9 @@ SKIPPED = {
     r"\.venv/bin/torchrun --standalone --nproc-per-node 2 scripts/(train|compare)\.py ": (
         "2 processes of 7-10 s imports each; torchrun training is tested in tests/test_distributed.py"),
     r"torchrun --nnodes 2 ": "two machines with 4 GPUs each",
+    r"\.venv/bin/python hf_wikitext\.py (backprop|highway)$": (
+        DATA + "; the same file on made-up WikiText-format text: "
+        "test_the_hf_trainer_example_trains_gpt2_and_highway_at_full_k_is_backprop"),
     r"\.venv/bin/python scripts/train\.py --trainer foton \.\.\. --batch-size 64 --resume$": (
         "continues the 2-process torchrun run above (tests/test_distributed.py resumes one on 1 process)"),
 }
@@ -377,6 +380,8 @@ PYTHON_BLOCKS = {  # the first line of each Python block: the test that runs it
         "test_the_datasets_example_trains_with_highway",
     MY_DATA: "test_the_csv_factory_example_splits_the_rows_once",
     "# wikitext_data.py": "test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact",
+    "# hf_wikitext.py": "test_the_hf_trainer_example_trains_gpt2_and_highway_at_full_k_is_backprop",
+    "# lightning_digits.py": "test_the_lightning_example_learns_the_digits_with_feedback_alignment",
 }
 
 
@@ -711,3 +716,38 @@ def test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact(tmp_p
     assert max(relative(highway[n], exact[n]) for n in exact) < 1e-10
     zero = engine_grads(stack, trainers.build_engine("highway", k=0), x, y, task.loss_fn, strip="model.")
     assert max(relative(zero[n], exact[n]) for n in exact) > 1e-3
+
+
+def test_the_hf_trainer_example_trains_gpt2_and_highway_at_full_k_is_backprop(tmp_path, monkeypatch):
+    """The README's hf_wikitext.py on made-up WikiText-format lines (tiny sizes): both engines train GPT-2 through
+    the Hugging Face Trainer and write TensorBoard logs, and Highway-BP at its default k (>= 2 x 2 layers: exact)
+    ends where backprop ends (the engine's scalars in the log history: tests/test_hf_trainer.py)."""
+    pytest.importorskip("accelerate")
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    rng = np.random.default_rng(0)
+    (tmp_path / "wiki.valid.tokens").write_text(
+        "\n".join(" ".join(rng.choice([f"w{i}" for i in range(12)], 6)) for _ in range(40)) + "\n")
+    scope: dict = {"__name__": "hf_wikitext"}
+    exec(example("# hf_wikitext.py"), scope)  # noqa: S102 - the README's example
+    finals = {}
+    for engine in ("backprop", "highway"):
+        torch.manual_seed(0)
+        trainer = scope["main"](engine, data_dir=str(tmp_path), steps=3, width=8, seq_len=8)
+        finals[engine] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        assert list((tmp_path / "runs" / "hf-wikitext" / engine).rglob("events.out.tfevents.*"))
+    assert max(float((finals["highway"][n] - finals["backprop"][n]).abs().max()) for n in finals["backprop"]) < 1e-5
+
+
+def test_the_lightning_example_learns_the_digits_with_feedback_alignment(monkeypatch, tmp_path):
+    """The README's lightning_digits.py as written: FA through Lightning learns the digits (chance 0.1)."""
+    pytest.importorskip("lightning")
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    scope: dict = {}
+    exec(example("# lightning_digits.py"), scope)  # noqa: S102 - the README's example
+    x, y = scope["data"].tensors
+    with torch.no_grad():
+        accuracy = float((scope["model"](x).argmax(1) == y).double().mean())
+    assert accuracy > 0.8, accuracy
