@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     split = [{"input_ids": row[:-1], "labels": row[1:]} for row in ids]  # the project's targets: the next tokens
     task = tasks.from_datasets(split, split[:args.batch_size], split[:args.batch_size], num_outputs=args.vocab,
                                metric="perplexity", name="random-tokens")
-    print(f"| engine | HF Trainer s/step | project Trainer s/step | ratio HF / project | rounds |")
+    print("| engine | HF Trainer s/step | project Trainer s/step | ratio HF / project | rounds |")
     print("|---|---|---|---|---|")
     for engine in args.engines.split(","):
         hf, mine = [], []
