@@ -21,6 +21,7 @@ import transformers
 import tasks
 import trainers
 from trainers.loops.hf import EngineTrainer
+from trainers.loops.structure import model_for_engine
 
 
 def gpt2(vocab: int, width: int, layers: int, seq_len: int, seed: int = 0):
@@ -57,7 +58,9 @@ def hf_step(engine: str, ids: torch.Tensor, args, steps: int, folder: str) -> li
 
 def project_step(engine: str, task, args, steps: int) -> list[float]:
     model = gpt2(args.vocab, args.width, args.layers, args.seq_len)
-    trainer = trainers.Trainer(model, trainers.build_engine(engine), task, batch_size=args.batch_size,
+    built = trainers.build_engine(engine)
+    model = model_for_engine(built, model, task.train.take(slice(0, 2)))  # Highway-BP: the stack, as the CLI finds it
+    trainer = trainers.Trainer(model, built, task, batch_size=args.batch_size,
                                optimizer="adamw", lr=1e-3, clip_grad_norm=1.0, eval_every=10**6, log_every=10**6,
                                grad_agreement_every=0, progress=False, eval_batches=1, eval_batch_size=args.batch_size)
     trainer.fit(steps=steps)
