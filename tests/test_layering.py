@@ -4,6 +4,7 @@
     trainers.core              what every engine may use (contract, protocols, options, registry, errors, collectives)
     trainers.engines           the gradient engines
     trainers.run               one training run (the Trainer)
+    trainers.loops             the engines inside other loops (the Hugging Face Trainer, Lightning)
     trainers.bench             timing suites
     trainers.experiments       many runs (comparisons, tuning, recipes, statistics)
     trainers.cli               the command line: nothing below imports it
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["trainers.core", "trainers.engines", "trainers.run", "trainers.bench", "trainers.experiments", "trainers.cli"]
+ORDER = ["trainers.core", "trainers.engines", "trainers.run", "trainers.loops", "trainers.bench",
+         "trainers.experiments", "trainers.cli"]
 BOTTOM = {"models": {"models"}, "tasks": {"tasks"}}
 
 

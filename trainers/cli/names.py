@@ -3,14 +3,14 @@
 A command's default experiment name is built from what it was given that a resume may not change, so that two
 different experiments never share a folder and the same command (or its ``--resume``) always finds its own:
 
-    <command>[-<model>][-<flag>=<value>...]-<task>[-<option>=<value>...][-<optimizer>][-<schedule>][-<dtype>]
+    <command>[-<model>][-<flag>=<value>...]-<task>[-<option>=<value>...][-<optimizer>][-<schedule>][-<dtype>][-<precision>]
              [-<settings>][-<trainer>+<trainer>...][-tuned]
 
 - ``<model>``: the zoo name, or the class or factory of ``FILE.py:CLASS`` / ``module:factory``; ``compare``
   leaves it out for its default model (``scripts/compare.py`` with no ``--model``: ``compare-digits``).
 - the model flags (``--depth 4``: ``depth=4``, in the order of ``--help``) and ``--model-option``s (by key) that
   differ from the command's defaults; the task, then its ``--task-option``s (by key);
-- ``--optimizer``, ``--schedule``, ``--dtype`` and ``--settings`` when given and not the default;
+- ``--optimizer``, ``--schedule``, ``--dtype``, ``--precision`` and ``--settings`` when given and not the default;
 - ``compare`` only: the trainers of ``--trainers`` (``backprop+fa``), and ``-tuned`` with ``--tune``.
 
 The run folder is the trainer's name, with the engine options given on the command line as ``compare`` names
@@ -32,7 +32,7 @@ __all__ = ["default_experiment", "default_run_name", "MAX_NAME"]
 MAX_NAME = 200
 """The longest default name; past it, the first ``MAX_NAME - 9`` characters and an 8-digit hash."""
 
-TRAINING_PARTS = ("optimizer", "schedule", "dtype")
+TRAINING_PARTS = ("optimizer", "schedule", "dtype", "precision")
 """Training options that a resume may not change (``trainers.run.rundir.FIXED`` less the seed, a folder of its
 own): given explicitly, they make another experiment."""
 

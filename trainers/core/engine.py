@@ -68,9 +68,10 @@ def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def write_grads(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | None]) -> None:
-    """Overwrite ``p.grad`` with ``g`` (zeros where ``g`` is None)."""
+    """Overwrite ``p.grad`` with ``g`` (zeros where ``g`` is None), in ``p``'s dtype (an engine's arithmetic under
+    autocast may give half-precision gradients of float32 parameters, as autograd accumulates them in float32)."""
     for p, g in zip(params, grads, strict=True):
-        p.grad = torch.zeros_like(p) if g is None else g.detach() if g.requires_grad else g
+        p.grad = torch.zeros_like(p) if g is None else g.detach().to(p.dtype)
 
 
 def _checked_first(compute_grads):

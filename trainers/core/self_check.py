@@ -15,7 +15,8 @@ The measure of a parameter p, with g its gradient by autograd and G the norm of 
 softmax, is measured against the whole gradient, not against its own rounding). It must stay below
 ``tolerance(dtype)``: 1e-6 in float64 (exact paths reach 1e-15; the floor admits layers that compute in
 float32 whatever the input's dtype, as Qwen2's and Mistral's RMSNorm, which agree to ~1e-8), 1e-3 in
-float32, 3e-2 in half precision. A dropped cotangent gives 1.0 on the parameters it misses.
+float32, 3e-2 in half precision (bfloat16 or float16, and under autocast in either: the check runs under the run's
+autocast, ``--precision``). A dropped cotangent gives 1.0 on the parameters it misses.
 """
 
 import contextlib
@@ -26,6 +27,7 @@ from torch import nn
 
 from models.adapters.calling import call_model
 from models.errors import ModelConfigError, one_line
+from trainers.core.precision import autocast_dtype
 
 __all__ = ["kept", "quiet", "autograd_reference", "fresh_eval", "failures_refused", "tolerance", "differences",
            "refuse_differences"]
@@ -34,8 +36,9 @@ _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 
 
 def tolerance(dtype: torch.dtype) -> float:
-    """The largest measure (module docstring) a parameter may have at an exact setting in ``dtype``."""
-    return _TOLERANCE.get(dtype, 3e-2)
+    """The largest measure (module docstring) a parameter may have at an exact setting in ``dtype``, or in the
+    half precision autocast computes in where it is on (``trainers.core.precision``)."""
+    return _TOLERANCE.get(autocast_dtype() or dtype, 3e-2)
 
 
 @contextlib.contextmanager

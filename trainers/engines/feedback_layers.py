@@ -157,17 +157,23 @@ class _Conv:
 
 
 class _LocalBackward(torch.autograd.Function):
-    """The layer's call; a backward whose input gradient is ``feed(delta, x, weight)`` (module docstring)."""
+    """The layer's call; a backward whose input gradient is ``feed(delta, x, weight)`` (module docstring).
+
+    Under autocast the call computes in half precision; the backward then computes in that dtype too, as autograd's
+    backward of the autocast call does (the gradients returned are cast back to the inputs' dtypes by autograd)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, kind, feed):
         ctx.save_for_backward(x, weight)
         ctx.kind, ctx.feed = kind, feed
-        return kind.forward(x, weight, bias)
+        out = kind.forward(x, weight, bias)
+        ctx.computed = out.dtype
+        return out
 
     @staticmethod
     def backward(ctx, g):
-        x, weight = ctx.saved_tensors
+        x, weight = (t.to(ctx.computed) for t in ctx.saved_tensors)
+        g = g.to(ctx.computed)
         gx = ctx.feed(g, x, weight) if ctx.needs_input_grad[0] else None
         gw = ctx.kind.weight_grad(x, g, weight.shape) if ctx.needs_input_grad[1] else None
         gb = ctx.kind.bias_grad(g) if ctx.needs_input_grad[2] else None

@@ -172,11 +172,11 @@ def write_layer_grads(layer: nn.Module, presynaptic, delta, batch: int, scale: f
         if has_parametrized_weight(linear):
             route_weight_grad(linear, G)
         else:
-            linear.weight.grad = G  # the shape is the weight's by construction
+            linear.weight.grad = G.to(linear.weight.dtype)  # its shape by construction; float32 under autocast
         record_layer_grads(linear, d, presynaptic, alpha)  # the factors of G, for a Cayley retraction
         bias = linear.bias
         if bias is not None:  # alpha sum(d) as one matrix-vector product: 2% of a FOTON step at width 256
-            bias.grad = torch.mv(d.T, d.new_full((batch,), alpha))  # against sum().mul_() or mean()
+            bias.grad = torch.mv(d.T, d.new_full((batch,), alpha)).to(bias.dtype)  # not sum().mul_() or mean()
         return
     params = [p for p in layer.parameters() if p.requires_grad]
     with torch.enable_grad():

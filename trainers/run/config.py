@@ -7,6 +7,7 @@ from typing import Literal
 from trainers.core.distributed import check_device
 from trainers.core.errors import ConfigError, spell
 from trainers.core.options import option
+from trainers.core.precision import precision_of
 
 __all__ = ["TrainConfig", "SHARED_SETTINGS"]
 
@@ -51,7 +52,11 @@ class TrainConfig:
               "at most about that much training (none: off)")
     seed: int = option(0, "one seed for Python, NumPy, torch and data order")
     device: str = option("cpu", "torch device (cpu, cuda, cuda:1, ...)")
-    dtype: Literal["float32", "float64"] = option("float32", "parameter and data dtype")
+    dtype: Literal["float32", "float64"] = option("float32", "parameter and data dtype (--precision 32 or 64)")
+    precision: Literal["64", "32", "bf16-mixed", "16-mixed"] | None = option(
+        None, "64 or 32: float64 or float32 throughout (--dtype); bf16-mixed, 16-mixed: float32 parameters, the "
+              "forward and the engine under torch.autocast in bfloat16 or float16 (16-mixed with a loss scaler); "
+              "none: from --dtype")
     progress: bool = option(True, "show progress: a bar on a terminal, else a line on stderr every progress_seconds")
     progress_seconds: float = option(10.0, "seconds between progress lines (off a terminal) and metrics.jsonl flushes")
 
@@ -87,6 +92,8 @@ class TrainConfig:
         if self.nesterov and self.optimizer == "sgd" and self.momentum == 0:  # torch refuses it too
             raise ConfigError(f"{spell('nesterov')} is Nesterov momentum: it needs {spell('momentum')} > 0, got 0")
         check_device(self.device)
+        if precision_of(self.precision, self.dtype).name == "64":  # a conflict with --dtype is one line
+            self.dtype = "float64"
 
     def inapplicable(self, given) -> list[tuple[str, str, str]]:
         """The options of ``given`` (those a user set explicitly) that this configuration does not read, each as

@@ -64,6 +64,8 @@ def _restore(trainer, state: dict, changes: list[dict]) -> None:
             + ("" if batch % ranks == 0 else " on a number of ranks that divides it"))
     trainer.model.load_state_dict(state["model"])
     restore_optimizer(trainer.optimizer, trainer.scheduler, state["optimizer"], state["scheduler"])
+    if trainer.update.scaler is not None and state.get("scaler"):  # 16-mixed: the loss scale where it was
+        trainer.update.scaler.load_state_dict(state["scaler"])
     trainer.engine.load_state_dict(state["engine"])
     set_rng_state(state["rng"])
     trainer.step, trainer.best, trainer.saved_step = state["step"], state["best"], state["step"]

@@ -46,7 +46,7 @@ CHECKPOINT, PREVIOUS, LOCK = "checkpoint.pt", "checkpoint.prev.pt", ".lock"
 RESULT, METRICS, FAILED = "result.json", "metrics.jsonl", "failed.json"
 RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS, RESULT, FAILED)
 
-FIXED = ("optimizer", "seed", "dtype", "schedule")
+FIXED = ("optimizer", "seed", "dtype", "precision", "schedule")
 """Training options a resumed run keeps: another value would be another run."""
 
 CHANGEABLE = ("lr", "momentum", "nesterov", "weight_decay", "clip_grad_norm", "warmup_steps", "step_size", "gamma",

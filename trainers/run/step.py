@@ -1,9 +1,11 @@
 """One training step, the part of the Trainer's loop that changes the weights:
 
-    gradients     engine.compute_grads(...)   <- where loss.backward() stands
+    gradients     engine.compute_grads(...)   <- where loss.backward() stands (under the run's autocast; 16-mixed:
+                                              of the loss times the scaler's scale)
     average       over ranks (torchrun), then the loss must be finite
-    clip          global gradient norm
-    step          optimizer.step() (retracted layers: their SGD step as a Cayley retraction); scheduler.step()
+    clip          global gradient norm (16-mixed: after unscaling)
+    step          optimizer.step() (retracted layers: their SGD step as a Cayley retraction; 16-mixed: the
+                  scaler's step, skipped where the gradients overflowed); scheduler.step()
     upkeep        project orthogonal layers back (projection models only)
 
 and the scalars logged about it (loss, learning rate, time, memory, the engine's own metrics,
@@ -23,6 +25,7 @@ from models.orthogonal.retraction import CayleyRetraction
 from trainers.core.distributed import DataParallel
 from trainers.core.engine import GradientEngine
 from trainers.core.errors import NonFiniteLossError
+from trainers.core.precision import Precision
 from trainers.run.agreement import gradient_agreement
 from trainers.run.rundir import note
 
@@ -49,11 +52,13 @@ class TrainStep:
 
     def __init__(self, model: nn.Module, engine: GradientEngine, params: list[nn.Parameter], loss_fn,
                  optimizer: torch.optim.Optimizer, retraction: CayleyRetraction, parallel: DataParallel,
-                 clip_grad_norm: float | None, device: torch.device):
+                 clip_grad_norm: float | None, device: torch.device, precision: Precision,
+                 scaler: torch.amp.GradScaler | None = None):
         self.model, self.engine, self.params, self.loss_fn = model, engine, params, loss_fn
         self.optimizer, self.retraction, self.parallel = optimizer, retraction, parallel
         self.scheduler = None  # set by fit, which knows the run's length
         self.clip_grad_norm, self.device = clip_grad_norm, device
+        self.precision, self.scaler = precision, scaler
         methods = self.methods = {orthogonal_method(m) for m in model.modules()} - {None}
         self.has_orthogonal = bool(methods)
         self.needs_projection = bool(methods & set(PROJECTED_METHODS))
@@ -64,9 +69,14 @@ class TrainStep:
         """The update on batch (x, y) at ``step``; ``kept`` says which checkpoint a failure leaves."""
         t0 = time.perf_counter()
         # the engine stands where loss.backward() would (retracted layers: gradient factors on the side)
-        with self.retraction.recording(enabled=self.parallel.world_size == 1):
-            out = self.engine.compute_grads(self.model, x, y, self.loss_fn)
-        loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item())
+        # 16-mixed: the scaler's factor (what it multiplies a loss of 1 by; its first call sets it up)
+        scale = float(self.scaler.scale(torch.ones((), device=self.device))) if self.scaler is not None else 1.0
+        loss_fn = self.loss_fn if scale == 1.0 else (lambda outputs, targets: self.loss_fn(outputs, targets) * scale)
+        with self.retraction.recording(enabled=self.parallel.world_size == 1), self.precision.autocast(self.device):
+            out = self.engine.compute_grads(self.model, x, y, loss_fn)
+        loss, samples = self.parallel.average_gradients(self.params, len(y), out.loss.item() / scale)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if not math.isfinite(loss):
             raise NonFiniteLossError(f"loss is {loss} at step {step}; training stopped{kept}")
         clip = 1.0  # the factor clipping applied to every .grad
@@ -80,6 +90,9 @@ class TrainStep:
                 self._noted.add(reason)
                 if self.parallel.is_main:
                     note(f"retracted layers took the exact dense Cayley step, O(n^3) per layer: {reason}")
+        elif self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped where the unscaled gradients are not finite
+            self.scaler.update()
         else:
             self.optimizer.step()
         if self.scheduler:

@@ -47,6 +47,7 @@ from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError, RunWriteError, spell
 from trainers.core.options import as_dict, parse_options
+from trainers.core.precision import precision_of
 from trainers.core.replicas import unwrap
 from trainers.core.rng import rng_state
 from trainers.core.threads import threads_for_api
@@ -124,13 +125,17 @@ class Trainer:
         self.cfg = cfg
         self.parallel = DataParallel()
         self.device = torch.device(local_device(cfg.device))
-        self.dtype = getattr(torch, cfg.dtype)
+        self.precision = precision_of(cfg.precision, cfg.dtype)  # the dtype, and autocast where mixed
+        self.dtype = self.precision.dtype
         engine.check(model)
         self.model = model.to(device=self.device, dtype=self.dtype)
-        check_task_model(self.model, task, self.device, self.dtype)
+        with self.precision.autocast(self.device):
+            check_task_model(self.model, task, self.device, self.dtype)
         # the engine's self-check on the first batch (a copy), before anything is written
         first_x, first_y = task.train.take(slice(0, cfg.batch_size))
-        engine.prepare(self.model, to_device(first_x, self.device, self.dtype), first_y.to(self.device), task.loss_fn)
+        with self.precision.autocast(self.device):  # the check at the run's precision (its tolerance follows it)
+            engine.prepare(self.model, to_device(first_x, self.device, self.dtype), first_y.to(self.device),
+                           task.loss_fn)
         said = engine.structure(self.model)
         if said is not None and said not in _SAID and self.parallel.is_main:  # once per process (compare's seeds)
             _SAID.add(said)
@@ -161,8 +166,12 @@ class Trainer:
             self.retraction.check_optimizer(self.optimizer, spell)
         except ModelConfigError as err:  # a training option, said as one
             raise ConfigError(str(err)) from None
+        scaler = self.precision.scaler(self.device)
+        if scaler is not None and self.retraction:
+            raise ConfigError("--precision 16-mixed scales the loss, which the Cayley retraction of orthogonal layers "
+                              "does not unscale: use bf16-mixed (no scaler) or 32")
         self.update = TrainStep(model, engine, self.params, task.loss_fn, self.optimizer, self.retraction,
-                                self.parallel, cfg.clip_grad_norm, self.device)
+                                self.parallel, cfg.clip_grad_norm, self.device, self.precision, scaler)
         self.step = 0
         self.saved_step: int | None = None  # step of the last checkpoint written or resumed from
         self.changes: list[dict] = []  # options changed at resumes (``rundir.check_resume``)
@@ -244,10 +253,11 @@ class Trainer:
             batch = rows[start:start + self.cfg.eval_batch_size]
             x, y = data.take(batch)
             x, y = to_device(x, self.device, self.dtype), y.to(self.device)
-            out = call_model(self.model, x, y).outputs
-            n = float((y != IGNORE_INDEX).sum())
-            total_loss += self.task.loss_fn(out, y).item() * n
-            total_metric += float(self.task.metric(out, y)) * n
+            with self.precision.autocast(self.device):
+                out = call_model(self.model, x, y).outputs
+                n = float((y != IGNORE_INDEX).sum())
+                total_loss += self.task.loss_fn(out, y).item() * n
+                total_metric += float(self.task.metric(out, y)) * n
             counted += n
             if on_batch is not None:
                 on_batch(start // self.cfg.eval_batch_size + 1, batches)
@@ -275,6 +285,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "scaler": self.update.scaler.state_dict() if self.update.scaler else None,
             "engine": self.engine.state_dict(),
             "rng": rng_state(),
             "best": self.best,
@@ -391,7 +402,8 @@ class Trainer:
         x, y = self._batch(self.step)
         scalars = {}
         if cfg.grad_agreement_every and self.step % cfg.grad_agreement_every == 0:  # leaves everything as it was
-            scalars.update(agreement_scalars(self.model, self.engine, x, y, self.task.loss_fn))
+            with self.precision.autocast(self.device):
+                scalars.update(agreement_scalars(self.model, self.engine, x, y, self.task.loss_fn))
         result = self.train_step(x, y)
         self.step += 1
         progress.update(self.step, result.loss)
