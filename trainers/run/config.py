@@ -57,6 +57,9 @@ class TrainConfig:
         None, "64 or 32: float64 or float32 throughout (--dtype); bf16-mixed, 16-mixed: float32 parameters, the "
               "forward and the engine under torch.autocast in bfloat16 or float16 (16-mixed with a loss scaler); "
               "none: from --dtype")
+    compile: str | None = option(
+        None, "torch.compile the model's forward with this backend (inductor: torch's compiler; aot_eager: traced, "
+              "no code generated), checked on the first batch to give the engine's eager gradients (none: eager)")
     progress: bool = option(True, "show progress: a bar on a terminal, else a line on stderr every progress_seconds")
     progress_seconds: float = option(10.0, "seconds between progress lines (off a terminal) and metrics.jsonl flushes")
 

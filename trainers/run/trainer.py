@@ -43,6 +43,7 @@ from models.errors import ModelConfigError
 from models.orthogonal.retraction import CayleyRetraction
 from tasks.base import IGNORE_INDEX, Task, label_range
 from tasks.stream import StreamReader, StreamSplit
+from trainers.core.compiled import compile_checked
 from trainers.core.distributed import DataParallel, local_device
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError, RunWriteError, spell
@@ -131,6 +132,13 @@ class Trainer:
         self.model = model.to(device=self.device, dtype=self.dtype)
         with self.precision.autocast(self.device):
             check_task_model(self.model, task, self.device, self.dtype)
+        if cfg.compile:  # compiled in place where the engine's gradients on the first batch are its eager ones
+            x0, y0 = task.train.take(slice(0, cfg.batch_size))
+            with self.precision.autocast(self.device):
+                said_of_compile = compile_checked(self.model, engine, to_device(x0, self.device, self.dtype),
+                                                  y0.to(self.device), task.loss_fn, cfg.compile)
+            if said_of_compile and self.parallel.is_main:
+                note(said_of_compile)
         # the engine's self-check on the first batch (a copy), before anything is written
         first_x, first_y = task.train.take(slice(0, cfg.batch_size))
         with self.precision.autocast(self.device):  # the check at the run's precision (its tolerance follows it)
