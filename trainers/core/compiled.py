@@ -10,7 +10,8 @@ every time: a guard on a value that changes at each call). An engine that never 
 a declared residual stack, the layer-stack passes of FA, DFA, PEPITA and FOTON on the zoo's MLP: they run the
 blocks or layers themselves) gains nothing from it; that is said in one line, and the run goes on.
 
-``inductor`` is torch's compiler (code generated: minutes on a CPU for a first compile); ``aot_eager`` traces the
+Dynamo's caches are reset before the check: a graph compiled earlier in the process for another engine (reused by
+the guards of the same forward) could otherwise decide the verdict. ``inductor`` is torch's compiler (code generated: minutes on a CPU for a first compile); ``aot_eager`` traces the
 same graphs (forward and backward) without generating code, what the tests use.
 """
 
@@ -56,6 +57,7 @@ def compile_checked(model: nn.Module, engine: GradientEngine, inputs, targets, l
     torch.random.set_rng_state(rng)
     why = f"trainer '{engine.name}' under --compile {backend}"
     calls = [0]
+    torch._dynamo.reset()  # the verdict must not depend on graphs this process compiled before (another engine's)
     try:
         model.compile(backend=backend)
         compiled_call = model._compiled_call_impl
