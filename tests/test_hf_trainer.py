@@ -120,3 +120,16 @@ def test_an_own_loss_the_engine_would_not_train_and_bad_options_are_one_line(tmp
         from trainers import build_engine
         EngineTrainer(model=tiny_gpt2(), args=arguments(tmp_path), engine=build_engine("fa"),
                       engine_options={"k": 1})
+
+
+def test_in_bf16_mixed_precision_the_engine_trainer_ends_where_the_stock_trainer_ends(tmp_path):
+    """TrainingArguments(bf16=True) on the CPU: the stock step and the engine both run under the Trainer's autocast
+    (float32 model): backprop's parameters are the stock Trainer's."""
+    def run(where, trainer_class=transformers.Trainer, bf16=True, **engine):
+        model = tiny_gpt2().float()
+        trainer_class(model=model, args=arguments(where, bf16=bf16), train_dataset=token_windows(), **engine).train()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    stock = run(tmp_path / "stock")
+    assert largest_difference(run(tmp_path / "mine", EngineTrainer, engine="backprop"), stock) < 1e-6
+    assert largest_difference(run(tmp_path / "fp32", EngineTrainer, bf16=False, engine="backprop"), stock) > 1e-4

@@ -118,3 +118,22 @@ def test_a_model_no_engine_can_train_is_one_line():
     with pytest.raises(Exception, match="dsf") as err:
         fit(Recurrent(), steps=1)
     assert "\n" not in str(err.value)
+
+
+def test_in_bf16_mixed_precision_an_engine_module_ends_where_loss_backward_ends():
+    """Lightning's precision="bf16-mixed" runs the training step (and so the engine) under its autocast: backprop
+    through the engine gives loss.backward()'s parameters (float32 modules)."""
+    plain, engine, full = Plain().float(), WithEngine("backprop").float(), WithEngine("backprop").float()
+
+    def floats():
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(24, 6, generator=gen)
+        return DataLoader(TensorDataset(x, x[:, :3].argmax(1)), batch_size=8)
+    results = []
+    for module, precision in ((plain, "bf16-mixed"), (engine, "bf16-mixed"), (full, "32-true")):
+        trainer = lightning.Trainer(max_steps=5, accelerator="cpu", devices=1, logger=False, precision=precision,
+                                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, floats())
+        results.append({n: p.detach().clone() for n, p in module.named_parameters()})
+    assert largest_difference(results[1], results[0]) < 1e-6
+    assert largest_difference(results[2], results[0]) > 1e-4  # the precision was in effect

@@ -5,14 +5,15 @@ Whether an engine does is proved on the first batch, not assumed (``compile_chec
 computes the gradients eagerly, then on the compiled model three times, and the run's engine makes its own
 first-batch check on it. The run is refused in one line, naming why, where the compiled run fails (FA's first-batch
 check on a transformer: dynamo's donated buffers refuse the graph its check keeps), where its gradients differ from
-the eager ones beyond the self-check's tolerance, or where the third call still compiles (a step that recompiles
-every time: a guard on a value that changes at each call). An engine that never calls the model's forward (Highway-BP on
-a declared residual stack, the layer-stack passes of FA, DFA, PEPITA and FOTON on the zoo's MLP: they run the
-blocks or layers themselves) gains nothing from it; that is said in one line, and the run goes on.
+the eager ones beyond the self-check's tolerance, or where the third call still compiles (a step that
+recompiles every time: a guard on a value that changes at each call). An engine that never calls the model's
+forward (Highway-BP on a declared residual stack, the layer-stack passes of FA, DFA, PEPITA and FOTON on the zoo's
+MLP: they run the blocks or layers themselves) gains nothing from it; that is said in one line, and the run goes on.
 
 Dynamo's caches are reset before the check: a graph compiled earlier in the process for another engine (reused by
-the guards of the same forward) could otherwise decide the verdict. ``inductor`` is torch's compiler (code generated: minutes on a CPU for a first compile); ``aot_eager`` traces the
-same graphs (forward and backward) without generating code, what the tests use.
+the guards of the same forward) could otherwise decide the verdict. ``inductor`` is torch's compiler (code
+generated: minutes on a CPU for a first compile); ``aot_eager`` traces the same graphs (forward and backward)
+without generating code, what the tests use.
 """
 
 from __future__ import annotations
