@@ -37,4 +37,7 @@ def test_dry_run_writes_every_table(tmp_path):
         assert all(row.get("step_ms", row.get("grads_ms")) > 0 for row in record["rows"]), table  # grads: grads_ms
         assert record["threads"]["count"] >= 1 and "--device cpu" in record["command"]
     timed = [line.split()[0] for line in (tmp_path / "times.txt").read_text().splitlines()]
-    assert timed == list(TABLES)
+    assert timed == [*TABLES, "precision_compile"]
+    rows = (tmp_path / "precision_compile.md").read_text()
+    for configuration in ("32", "bf16-mixed", "32, compiled (aot_eager)"):
+        assert f"| gpt | backprop | {configuration} | " in rows, rows
