@@ -105,3 +105,68 @@ def test_a_one_process_wrapper_is_its_module_and_the_trainer_trains_the_module()
     model.zero_grad()
     engine.compute_grads(model, x, y, tasks.base.cross_entropy_loss)
     assert all(torch.equal(wrapped[n], p.grad) for n, p in model.named_parameters())
+
+
+HF_SCRIPT = '''
+import os
+import sys
+
+import torch
+import transformers
+from torch.utils.data import SequentialSampler
+
+sys.path.insert(0, sys.argv[2])
+from trainers.loops.hf import EngineTrainer
+
+
+class InOrder(EngineTrainer):
+    """Batches in order (the Trainer shards them by rank): one process's batch of 4 is the two ranks' of 2."""
+
+    def _get_train_sampler(self, *args, **kwargs):
+        return SequentialSampler(self.train_dataset)
+
+
+def train(out, batch, engine):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=17, n_positions=8, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double()
+    ids = torch.randint(0, 17, (24, 8), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": row, "labels": row.clone()} for row in ids]
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    args = transformers.TrainingArguments(output_dir=out, per_device_train_batch_size=batch, max_steps=3,
+                                          learning_rate=5e-3, report_to="none", use_cpu=True, seed=0,
+                                          save_strategy="no", disable_tqdm=True,
+                                          ddp_backend="gloo" if ranks > 1 else None)
+    trainer = InOrder(model=model, args=args, train_dataset=data, engine=engine)
+    trainer.train()
+    wrapped = type(trainer.model_wrapped).__name__
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, wrapped
+
+
+if __name__ == "__main__":
+    for engine in ("backprop", "fa"):
+        final, wrapped = train(sys.argv[1], 2, engine)
+        if torch.distributed.get_rank() == 0:
+            torch.save((final, wrapped), f"{sys.argv[1]}/{engine}.pt")
+'''
+
+
+def test_the_hf_trainer_s_ddp_on_two_processes_equals_one_process_on_the_whole_batch(tmp_path, monkeypatch):
+    """The Hugging Face Trainer wraps the model in DDP on two gloo processes: with backprop and FA (whose gradients
+    DDP's hooks never see) 3 steps of 2 x 2 rows end with one process's parameters on the batches of 4 (float64)."""
+    pytest.importorskip("accelerate")
+    (tmp_path / "hf_ddp.py").write_text(HF_SCRIPT)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(tmp_path / "hf_ddp.py"), str(tmp_path), str(ROOT)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import hf_ddp
+
+    for engine in ("backprop", "fa"):
+        two, wrapped = torch.load(tmp_path / f"{engine}.pt", weights_only=False)
+        one, alone = hf_ddp.train(str(tmp_path / "one"), 4, engine)
+        assert (wrapped, alone) == ("DistributedDataParallel", "GPT2LMHeadModel")
+        assert max(float((two[n] - one[n]).abs().max()) for n in one) < 1e-12, engine
