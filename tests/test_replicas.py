@@ -115,8 +115,9 @@ import torch
 import transformers
 from torch.utils.data import SequentialSampler
 
-sys.path.insert(0, sys.argv[2])
-from trainers.loops.hf import EngineTrainer
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[2])
+from trainers.loops.hf import EngineTrainer  # noqa: E402
 
 
 class InOrder(EngineTrainer):
