@@ -195,8 +195,8 @@ REAL_PROCESS = {
     "usage": (["--epoch", "1"], "error: unrecognized arguments: --epoch 1 (see train.py --help)"),
     "resume onto another optimizer": (["--optimizer", "sgd", "--resume"], "error: cannot resume {run} with "
                                       "--optimizer sgd: it was trained with adam, and a resumed run keeps its "
-                                      "optimizer, seed, dtype, precision, schedule; start a new run with another --run-name, "
-                                      "or --overwrite"),
+                                      "optimizer, seed, dtype, precision, schedule; start a new run with another "
+                                      "--run-name, or --overwrite"),
 }
 
 
@@ -232,8 +232,8 @@ RESUMED_AS_ANOTHER_RUN = {
     "trainer": (["--trainer", "pepita", "--run-name", "backprop"],
                 "its checkpoint is of another trainer ('backprop' there, 'pepita' here)"),
     "optimizer": (["--optimizer", "sgd"], "cannot resume {run} with --optimizer sgd: it was trained with adam, and a "
-                                          "resumed run keeps its optimizer, seed, dtype, precision, schedule; start a new run "
-                                          "with another --run-name, or --overwrite"),
+                                          "resumed run keeps its optimizer, seed, dtype, precision, schedule; start a "
+                                          "new run with another --run-name, or --overwrite"),
     "dtype": (["--dtype", "float64"], "with --dtype float64: it was trained with float32"),
 }
 

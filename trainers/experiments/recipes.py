@@ -45,6 +45,10 @@ FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668, released code, co
 PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (github.com/ravifrancesco/PEPITA)"
 FEEDBACK_DEFAULT = ("project default (Adam 1e-3, batch 64): the FOTON paper reports FA and DFA without their settings; "
                     "compare.py --tune searches around it")
+MEZO_PAPER = ("MeZO, Malladi et al. NeurIPS 2023, Algorithm 1 and App. E: plain SGD, eps 1e-3, batch 16; its learning "
+              "rates (1e-6, 1e-7) fine-tune OPT and are not published for these models: tune it (compare.py --tune)")
+FGRAD_PAPER = ("Baydin et al. 2022, 'Gradients without backpropagation': plain SGD with one Gaussian direction; its "
+               "learning rate is not published for these models: tune it (compare.py --tune)")
 FEEDBACK_FAMILY = ("fa", "usf", "brsf", "frsf", "dfa")
 FEEDBACK_GPT = ("backprop's GPT setting (Highway-BP paper, Table 4): no FA-family setting for GPT-2 is published; "
                 "the feedback's scale (scale=weight) is what keeps the gradient at backprop's size (BENCHMARKS.md)")
@@ -100,6 +104,10 @@ RECIPES: list[Recipe] = [
       for t in FEEDBACK_FAMILY),
     *(Recipe(t, ("gpt",), _same(FEEDBACK_GPT, optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_size=128,
                                 clip_grad_norm=1.0)) for t in FEEDBACK_FAMILY),
+    Recipe("mezo", (), _same(MEZO_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=16),
+           _same(MEZO_PAPER, eps=1e-3, directions=1)),
+    Recipe("fgrad", (), _same(FGRAD_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=64),
+           _same(FGRAD_PAPER, directions=1, distribution="gaussian")),
     Recipe("backprop", (), _ADAM_1E3),
 ]
 

@@ -1,0 +1,38 @@
+"""Random directions in parameter space, regenerated from a seed: what forward gradients and SPSA (MeZO) perturb.
+
+Direction ``i`` of step ``t`` is one tensor per trainable parameter, drawn in parameter order from a generator
+seeded by (``seed``, ``t``, ``i``): the same seed and step give the same directions on any rank, after any resume,
+and a direction can be drawn again instead of kept (MeZO's memory). ``gaussian``: v ~ N(0, I) (E[v v^T] = I);
+``rademacher``: entries +-1 with probability 1/2 (also E[v v^T] = I, and ||v||^2 = d exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["DISTRIBUTIONS", "direction", "direction_of"]
+
+DISTRIBUTIONS = ("gaussian", "rademacher")
+
+
+def _generator(seed: int, step: int, index: int, parameter: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_000_033 + index * 10_007 + parameter)
+
+
+def direction_of(shape: torch.Size, like: torch.Tensor, distribution: str, seed: int, step: int, index: int,
+                 parameter: int) -> torch.Tensor:
+    """Parameter ``parameter``'s part of direction ``index`` of ``step`` (drawn on the CPU, then moved to ``like``'s
+    device and dtype: the same numbers on every device)."""
+    gen = _generator(seed, step, index, parameter)
+    if distribution == "gaussian":
+        v = torch.randn(shape, generator=gen, dtype=torch.float64)
+    else:
+        v = torch.randint(0, 2, shape, generator=gen).to(torch.float64).mul_(2).sub_(1)
+    return v.to(device=like.device, dtype=like.dtype)
+
+
+def direction(params: Sequence[torch.Tensor], distribution: str, seed: int, step: int, index: int) -> list:
+    """Direction ``index`` of ``step``: one tensor per parameter of ``params`` (``direction_of``)."""
+    return [direction_of(p.shape, p, distribution, seed, step, index, k) for k, p in enumerate(params)]

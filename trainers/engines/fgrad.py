@@ -1,0 +1,91 @@
+"""Weight-perturbed forward gradients (Baydin, Pearlmutter, Syme & Wood 2022, "Gradients without backpropagation").
+
+    g_hat = (1/n) sum_i (grad L . v_i) v_i,    v_i ~ N(0, I) or Rademacher,    E[g_hat] = grad L
+
+Each ``grad L . v_i`` is one forward-mode pass (``torch.func.jvp`` of the loss with respect to every trainable
+parameter, tangent v_i): no backward pass, no stored activations; the tangent is parameter-sized, and forward mode
+carries one tangent per activation beside it. Unbiased, with E||g_hat - g||^2 = (d + 1) ||g||^2 / n for Gaussian
+directions in d parameters ((d - 1) ||g||^2 / n for Rademacher: ||v||^2 = d), so the estimate's cosine with the
+gradient is about sqrt(n / d): small for any real network, the method's known weakness. Directions are drawn
+from (``seed``, step, direction) (``trainers.engines.directions``), so a run resumes exactly. Each direction runs
+the model's forward once in training mode (dropout draws its masks anew, BatchNorm updates its statistics once per
+direction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+from torch import nn
+
+from models.adapters.calling import forward_loss
+from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from trainers.core.errors import ConfigError
+from trainers.core.options import option
+from trainers.core.registry import register_engine
+from trainers.engines.directions import direction
+
+__all__ = ["ForwardGradient"]
+
+
+class _Loss(nn.Module):
+    """The model's loss as a function of its parameters (``torch.func.functional_call`` of this wrapper)."""
+
+    def __init__(self, model: nn.Module, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, inputs, targets):
+        outputs, loss = forward_loss(self.model, inputs, targets, self.loss_fn)
+        return loss, outputs
+
+
+@register_engine("fgrad")
+class ForwardGradient(GradientEngine):
+    """Forward gradient (module docstring)."""
+
+    @dataclasses.dataclass
+    class Options:
+        directions: int = option(1, "random directions averaged per step (forward-mode passes)")
+        distribution: Literal["gaussian", "rademacher"] = option("gaussian", "the directions' distribution")
+        seed: int = option(0, "seed of the directions (with the step: resumable)")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if self.options.directions < 1:
+            raise ConfigError(f"--fgrad-directions must be >= 1, got {self.options.directions}")
+        self.steps = 0
+
+    def estimate(self, model: nn.Module, inputs, targets, loss_fn, step: int):
+        """(loss, outputs, the averaged estimate per trainable parameter) at ``step``'s directions."""
+        named = trainable_parameters(model)
+        names = [f"model.{name}" for name, _ in named]
+        primals = tuple(p.detach() for _, p in named)
+        wrapper = _Loss(model, loss_fn)
+
+        def loss_of(*values):  # (loss, outputs as the auxiliary result)
+            return torch.func.functional_call(wrapper, dict(zip(names, values, strict=True)), (inputs, targets),
+                                              strict=False)
+
+        total = [torch.zeros_like(p) for p in primals]
+        n = self.options.directions
+        for index in range(n):
+            v = direction(primals, self.options.distribution, self.options.seed, step, index)
+            loss, dot, outputs = torch.func.jvp(loss_of, primals, tuple(v), has_aux=True)
+            for t, vi in zip(total, v, strict=True):
+                t.add_(vi, alpha=float(dot) / n)
+        return loss.detach(), outputs.detach(), total
+
+    def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
+        loss, outputs, total = self.estimate(model, inputs, targets, loss_fn, self.steps)
+        self.steps += 1
+        write_grads([p for _, p in trainable_parameters(model)], total)
+        return StepOutput(loss=loss, outputs=outputs)
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state.get("steps", 0))
