@@ -12,7 +12,6 @@ from torch import nn
 import models
 import tasks
 import trainers
-from models.errors import ModelConfigError
 from tasks.base import cross_entropy_loss
 from trainers.engines.directions import direction
 from trainers.engines.fgrad import ForwardGradient
@@ -115,12 +114,26 @@ class SharedHead(nn.Module):
         return nn.functional.linear(self.embed(ids).mean(1), self.embed.weight)
 
 
-def test_mezo_refuses_a_parameter_used_outside_its_module_and_fgrad_trains_it():
+def test_mezo_replaces_every_parameter_where_one_is_used_outside_its_module():
+    """A weight read outside its module's forward (the head's F.linear): the first batch finds it, every parameter is
+    then replaced for the whole forward (nothing written); the estimate is still the finite difference by hand."""
+    torch.manual_seed(0)
+    model = SharedHead().double()
     ids, y = torch.randint(0, 7, (8, 3)), torch.randint(0, 7, (8,))
-    with pytest.raises(ModelConfigError, match="embed.weight is used outside it") as err:
-        trainers.build_engine("mezo").compute_grads(SharedHead(), ids, y, cross_entropy_loss)
-    assert "\n" not in str(err.value)
-    trainers.build_engine("fgrad").compute_grads(SharedHead(), ids, y, cross_entropy_loss)
+    before, version = model.embed.weight.detach().clone(), model.embed.weight._version
+    engine = trainers.build_engine("mezo", seed=2)
+    model.zero_grad()
+    engine.compute_grads(model, ids, y, cross_entropy_loss)
+    assert "embed.weight is used outside its module's forward" in engine.structure(model)
+    assert torch.equal(model.embed.weight, before) and model.embed.weight._version == version  # never written
+    z = direction([before], "gaussian", 2, 0, 0)[0]
+    with torch.no_grad():
+        def loss_at(sign):
+            shifted = SharedHead().double()
+            shifted.embed.weight.copy_(before + sign * 1e-3 * z)
+            return cross_entropy_loss(shifted(ids), y)
+        by_hand = (loss_at(1.0) - loss_at(-1.0)) / 2e-3
+    torch.testing.assert_close(model.embed.weight.grad, by_hand * z, rtol=1e-10, atol=1e-14)
 
 
 class CrashAt:
@@ -160,3 +173,21 @@ def test_a_killed_run_resumes_with_the_same_directions(tmp_path, kind):
     assert strip == [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))}
                      for r in read_metrics(whole.run_dir)]
     assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True))
+
+
+def test_a_forward_gradient_of_transformers_gpt2_is_grad_dot_v_times_v():
+    """Attention runs in its composite form under the forward-mode pass (the fused CPU kernel has no forward-mode
+    derivative): the estimate is still (grad . v) v of GPT-2's loss (float64)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=6, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double()
+    ids = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(2))
+    targets = torch.roll(ids, -1, 1)
+    g = flat(torch.autograd.grad(tasks.sequence_cross_entropy(model(ids).logits, targets),
+                                 list(model.parameters())))
+    model.zero_grad()
+    trainers.build_engine("fgrad", seed=5).compute_grads(model, ids, targets, tasks.sequence_cross_entropy)
+    v = flat(direction(list(model.parameters()), "gaussian", 5, 0, 0))
+    torch.testing.assert_close(flat([p.grad for p in model.parameters()]), (g @ v) * v, rtol=1e-9, atol=1e-12)

@@ -19,19 +19,21 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.adapters.calling import forward_loss
+from models.errors import ModelConfigError, one_line
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError
 from trainers.core.options import option
 from trainers.core.registry import register_engine
 from trainers.engines.directions import direction
 
-__all__ = ["ForwardGradient"]
+__all__ = ["ForwardGradient", "loss_at"]
 
 
 class _Loss(nn.Module):
-    """The model's loss as a function of its parameters (``torch.func.functional_call`` of this wrapper)."""
+    """The model's loss and outputs, a module whose parameters ``torch.func.functional_call`` can replace."""
 
     def __init__(self, model: nn.Module, loss_fn):
         super().__init__()
@@ -40,6 +42,14 @@ class _Loss(nn.Module):
     def forward(self, inputs, targets):
         outputs, loss = forward_loss(self.model, inputs, targets, self.loss_fn)
         return loss, outputs
+
+
+def loss_at(model: nn.Module, names: list[str], values, inputs, targets, loss_fn):
+    """(loss, outputs) of ``model`` with its trainable parameters ``names`` replaced by ``values`` for the call (the
+    parameters themselves are not written; an ``nn.GRU``'s flat weights follow)."""
+    return torch.func.functional_call(_Loss(model, loss_fn), {f"model.{n}": v for n, v in zip(names, values,
+                                                                                                 strict=True)},
+                                      (inputs, targets), strict=False)
 
 
 @register_engine("fgrad")
@@ -56,24 +66,30 @@ class ForwardGradient(GradientEngine):
         super().__init__(**options)
         if self.options.directions < 1:
             raise ConfigError(f"--fgrad-directions must be >= 1, got {self.options.directions}")
+        if not 0 <= self.options.seed < 2**62:
+            raise ConfigError(f"--fgrad-seed must be in [0, 2**62), got {self.options.seed}")
         self.steps = 0
 
     def estimate(self, model: nn.Module, inputs, targets, loss_fn, step: int):
         """(loss, outputs, the averaged estimate per trainable parameter) at ``step``'s directions."""
         named = trainable_parameters(model)
-        names = [f"model.{name}" for name, _ in named]
+        names = [name for name, _ in named]
         primals = tuple(p.detach() for _, p in named)
-        wrapper = _Loss(model, loss_fn)
 
         def loss_of(*values):  # (loss, outputs as the auxiliary result)
-            return torch.func.functional_call(wrapper, dict(zip(names, values, strict=True)), (inputs, targets),
-                                              strict=False)
+            return loss_at(model, names, values, inputs, targets, loss_fn)
 
         total = [torch.zeros_like(p) for p in primals]
         n = self.options.directions
         for index in range(n):
             v = direction(primals, self.options.distribution, self.options.seed, step, index)
-            loss, dot, outputs = torch.func.jvp(loss_of, primals, tuple(v), has_aux=True)
+            try:  # attention in its composite form: the fused kernels have no forward-mode derivative on the CPU
+                with sdpa_kernel([SDPBackend.MATH]):
+                    loss, dot, outputs = torch.func.jvp(loss_of, primals, tuple(v), has_aux=True)
+            except NotImplementedError as err:
+                raise ModelConfigError(f"trainer 'fgrad' needs the forward-mode derivative of every operation of "
+                                       f"{type(model).__name__}'s forward, and torch has none for one of them "
+                                       f"({one_line(err)}); train it with mezo or backprop") from None
             for t, vi in zip(total, v, strict=True):
                 t.add_(vi, alpha=float(dot) / n)
         return loss.detach(), outputs.detach(), total

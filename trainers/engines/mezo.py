@@ -12,8 +12,10 @@ theta + eps z is never written into the parameters: each module's own parameters
 forward, by perturbed tensors drawn again from the seed (a forward pre-hook and a forward hook), so at most one
 module's perturbed copy exists at a time and the parameters are unchanged to the bit (the paper perturbs in place,
 which rounding does not undo exactly). A parameter read outside its own module's forward (a head that reuses an
-embedding's weight through ``F.linear``) would be used unperturbed: the first batch checks that no operation sees
-an original parameter during a perturbed pass and refuses such a model in one line, naming it.
+embedding's weight through ``F.linear``; an ``nn.GRU`` run from its flat weights) would be used unperturbed: the
+first batch checks that no operation sees an original parameter during a perturbed pass, and for such a model
+every parameter is replaced by its perturbed copy for the whole forward (``torch.func.functional_call``: still
+nothing written; parameter-sized memory), which the engine says once (``structure``).
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from models.adapters.calling import forward_loss
-from models.errors import ModelConfigError
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError
 from trainers.core.options import option
 from trainers.core.registry import register_engine
 from trainers.engines.directions import direction_of
+from trainers.engines.fgrad import loss_at
 
 __all__ = ["MeZO", "perturbed"]
 
@@ -99,11 +101,15 @@ class MeZO(GradientEngine):
 
     def __init__(self, **options):
         super().__init__(**options)
-        if self.options.directions < 1 or not self.options.eps > 0:
-            raise ConfigError(f"mezo needs directions >= 1 and eps > 0, got {self.options.directions} and "
-                              f"{self.options.eps}")
+        if self.options.directions < 1:
+            raise ConfigError(f"--mezo-directions must be >= 1, got {self.options.directions}")
+        if not 0 < self.options.eps < float("inf"):
+            raise ConfigError(f"--mezo-eps must be a finite number > 0, got {self.options.eps}")
+        if not 0 <= self.options.seed < 2**62:
+            raise ConfigError(f"--mezo-seed must be in [0, 2**62), got {self.options.seed}")
         self.steps = 0
         self.last_projections: list[float] = []
+        self.in_place: dict[int, list[str]] = {}  # id(model) -> the parameters used outside their module
 
     def _draw(self, step: int, index: int):
         o = self.options
@@ -116,20 +122,31 @@ class MeZO(GradientEngine):
         with torch.no_grad(), perturbed(model, self.options.eps, self._draw(0, 0)), mode:
             forward_loss(model, inputs, targets, loss_fn)
         if mode.seen:
-            raise ModelConfigError(
-                f"trainer 'mezo' perturbs each parameter during its own module's forward, and "
-                f"{', '.join(sorted(mode.seen)[:3])} {'is' if len(mode.seen) == 1 else 'are'} used outside it (a "
-                f"weight shared through a functional call?): the estimate would miss it; train this model with fgrad "
-                f"or backprop")
+            self.in_place[id(model)] = sorted(mode.seen)
+
+    def structure(self, model: nn.Module) -> str | None:
+        seen = self.in_place.get(id(model))
+        if not seen:
+            return None
+        return (f"mezo: {', '.join(seen[:3])}{', ...' if len(seen) > 3 else ''} {'is' if len(seen) == 1 else 'are'} "
+                f"used outside {'its' if len(seen) == 1 else 'their'} module's forward: every parameter is replaced "
+                f"by its perturbed copy for the whole forward (torch.func.functional_call: parameter-sized memory)")
 
     def projection(self, model, inputs, targets, loss_fn, step: int, index: int) -> float:
         """(L(theta + eps z) - L(theta - eps z)) / (2 eps) for direction ``index`` of ``step``."""
-        eps = self.options.eps
+        eps, draw = self.options.eps, self._draw(step, index)
         losses = []
         with torch.no_grad():
-            for sign in (1.0, -1.0):
-                with perturbed(model, sign * eps, self._draw(step, index)):
-                    losses.append(forward_loss(model, inputs, targets, loss_fn)[1].double())
+            if id(model) in self.in_place:  # every parameter replaced for the whole call (functional_call)
+                named = trainable_parameters(model)
+                names = [name for name, _ in named]
+                for sign in (1.0, -1.0):
+                    values = [p.detach() + sign * eps * draw(k, p.detach()) for k, (_, p) in enumerate(named)]
+                    losses.append(loss_at(model, names, values, inputs, targets, loss_fn)[0].double())
+            else:
+                for sign in (1.0, -1.0):
+                    with perturbed(model, sign * eps, draw):
+                        losses.append(forward_loss(model, inputs, targets, loss_fn)[1].double())
         return float((losses[0] - losses[1]) / (2 * eps))
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
