@@ -21,7 +21,7 @@ import transformers
 import tasks
 import trainers
 from trainers.loops.hf import EngineTrainer
-from trainers.loops.structure import model_for_engine
+from trainers.loops.setup import model_for_engine
 
 
 def gpt2(vocab: int, width: int, layers: int, seq_len: int, seed: int = 0):

@@ -254,12 +254,19 @@ def test_two_ranks_on_a_token_file_train_as_one_process(tmp_path):
     (data / "meta.json").write_text(json.dumps({"vocab_size": 23, "dtype": "uint16"}))
     flags = ["--task", "tokens", "--data-dir", data, "--task-option", "seq_len=6", "--model", "gpt", "--depth", "1",
              "--width", "8", "--heads", "2", "--trainer", "highway", "--steps", "5", "--eval-every", "2", *QUIET]
+    two_ranks_as_one(tmp_path, flags, "highway")
+
+
+def two_ranks_as_one(tmp_path, flags, trainer):
+    """train.py with ``flags`` on 2 ranks x batch 4 and on one process x batch 8: the same weights and records;
+    returns the one process's records."""
     torchrun(TRAIN, *flags, "--batch-size", 4, "--logdir", tmp_path / "two")
     assert train_main([*map(str, flags), "--batch-size", "8", "--logdir", str(tmp_path / "one")]) == 0
-    one, = (tmp_path / "one").glob("*/highway/seed0")
+    one, = (tmp_path / "one").glob(f"*/{trainer}/seed0")
     two = tmp_path / "two" / one.relative_to(tmp_path / "one")
     assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
     assert_same_records(records(two), records(one))
+    return records(one)
 
 
 DATA_FACTORY = '''
@@ -297,11 +304,5 @@ def test_two_ranks_on_a_task_factory_s_stream_train_as_one_process(tmp_path):
     (tmp_path / "my_data.py").write_text(DATA_FACTORY)
     flags = ["--task", tmp_path / "my_data.py:blobs", "--model", "mlp", "--depth", "2", "--width", "8", "--trainer",
              "fa", "--steps", "7", "--eval-every", "3", *QUIET]
-    torchrun(TRAIN, *flags, "--batch-size", 4, "--logdir", tmp_path / "two")
-    assert train_main([*map(str, flags), "--batch-size", "8", "--logdir", str(tmp_path / "one")]) == 0
-    one, = (tmp_path / "one").glob("*/fa/seed0")
-    two = tmp_path / "two" / one.relative_to(tmp_path / "one")
-    assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
-    assert_same_records(records(two), records(one))
-    last = records(one)[-1]  # a stream's batches are all full, and without a length it has no epochs
+    last = two_ranks_as_one(tmp_path, flags, "fa")[-1]  # a stream's batches are all full; no length, no epochs
     assert (last["samples"], last["epoch"]) == (56, None)

@@ -7,7 +7,6 @@ step) and refuses what it cannot do in one line."""
 import pytest
 import torch
 from helpers import one_line_error
-from torch import nn
 
 import models
 import tasks
@@ -79,9 +78,7 @@ def test_the_self_check_at_half_precision_passes_a_sound_model_and_refuses_a_bro
     against autograd under the same autocast) passes on convolutions that standardise their weight in the forward,
     and refuses, in one line, the planted failure of tests/test_self_check.py (the layer function bypassing the
     weight transform)."""
-    from test_self_check import StdConv2d, convnet, images
-
-    from trainers.engines import feedback_layers
+    from test_self_check import StdConv2d, bypass_weight_transforms, convnet, images
 
     assert tolerance(torch.float32) == 1e-3
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -90,14 +87,7 @@ def test_the_self_check_at_half_precision_passes_a_sound_model_and_refuses_a_bro
     x = x.float()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         trainers.build_engine("fa", path="layers").compute_grads(model, x, y, cross_entropy_loss)
-
-    def bypass(self, index, name, module):
-        kind = feedback_layers._Conv(module.stride, module.padding, module.dilation, module.groups) \
-            if isinstance(module, nn.Conv2d) else feedback_layers._Dense()
-        feed = self._feed(index, name, kind)
-        return lambda inputs: feedback_layers._LocalBackward.apply(inputs, module.weight, module.bias, kind, feed)
-
-    monkeypatch.setattr(feedback_layers.LocalFeedback, "_forward", bypass)
+    bypass_weight_transforms(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ModelConfigError) as err:
         trainers.build_engine("fa", path="layers").compute_grads(convnet(StdConv2d).float(), x, y,
                                                                  cross_entropy_loss)

@@ -405,9 +405,9 @@ def test_fa_with_b_equal_w_is_backprop_through_a_weight_transform_or_padding_in_
     assert relative(dfa, exact) > 1e-3 and all(torch.isfinite(g).all() for g in dfa.values())
 
 
-@pytest.mark.parametrize("trainer", ["fa", "dfa"])
-def test_a_weight_transform_bypassed_is_refused_in_one_line(trainer, monkeypatch):
-    """The deliberately broken case: the layer function reads the stored weight, as before 'run as written'."""
+def bypass_weight_transforms(monkeypatch):
+    """The deliberately broken layer path: each layer function reads the stored weight, as before 'run as written'
+    (a weight standardised in the forward is then bypassed)."""
     from trainers.engines import feedback_layers
 
     def bypass(self, index, name, module):
@@ -417,6 +417,12 @@ def test_a_weight_transform_bypassed_is_refused_in_one_line(trainer, monkeypatch
         return lambda x: feedback_layers._LocalBackward.apply(x, module.weight, module.bias, kind, feed)
 
     monkeypatch.setattr(feedback_layers.LocalFeedback, "_forward", bypass)
+
+
+@pytest.mark.parametrize("trainer", ["fa", "dfa"])
+def test_a_weight_transform_bypassed_is_refused_in_one_line(trainer, monkeypatch):
+    """The deliberately broken case (``bypass_weight_transforms``) is refused, naming what differs."""
+    bypass_weight_transforms(monkeypatch)
     x, y = images()
     with pytest.raises(models.ModelConfigError) as info:
         trainers.build_engine(trainer, path="layers").compute_grads(convnet(StdConv2d), x, y, cross_entropy_loss)

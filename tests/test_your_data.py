@@ -106,15 +106,23 @@ def test_a_dataset_trains_exactly_as_the_same_tensors_do_under_every_mlp_engine(
     assert (as_datasets.input_shape, as_datasets.num_outputs) == ((8,), 3)  # read from the items and labels
     assert as_datasets.fingerprint == as_loaders.fingerprint != tasks.from_datasets(
         *(Pairs(a, b) for a, b in three(x.flip(0), y.flip(0)))).fingerprint
-    for engine in ("backprop", "fa", "dfa", "usf", "brsf", "frsf", "pepita", "foton"):
+    assert_same_runs_under_every_mlp_engine([as_tensors, as_datasets, as_loaders], steps=5)
+
+
+MLP_ENGINES = ("backprop", "fa", "dfa", "usf", "brsf", "frsf", "pepita", "foton")
+
+
+def assert_same_runs_under_every_mlp_engine(tasks_, steps):
+    """Each engine of the orthogonal MLP, from the same seed, on each task: the same records, report and weights."""
+    for engine in MLP_ENGINES:
         runs = []
-        for task in (as_tensors, as_datasets, as_loaders):
+        for task in tasks_:
             torch.manual_seed(0)
             model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8, activation="tanh",
                                  orthogonal="bjorck")
             trainer = trainers.Trainer(model, trainers.build_engine(engine), task, batch_size=16, log_every=1,
                                        eval_every=2, progress=False, lr=0.05)
-            report = trainer.fit(steps=5)
+            report = trainer.fit(steps=steps)
             runs.append((without_timing(trainer.history), report, [p.detach().clone() for p in model.parameters()]))
         for other in runs[1:]:
             assert other[0] == runs[0][0] and other[1] == runs[0][1], engine
@@ -280,18 +288,7 @@ def test_streams_train_alike_under_every_mlp_engine_whether_they_keep_a_state_or
     plain = tasks.from_datasets(ListStream(x[order], y[order]), Pairs(x, y), Pairs(x, y), num_outputs=3)
     hf = tasks.from_datasets(DataLoader(streamed("hf", x[order], y[order]), collate_fn=pairs_of), Pairs(x, y),
                              Pairs(x, y), num_outputs=3)
-    for engine in ("backprop", "fa", "dfa", "usf", "brsf", "frsf", "pepita", "foton"):
-        runs = []
-        for task in (plain, hf):
-            torch.manual_seed(0)
-            model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8, activation="tanh",
-                                 orthogonal="bjorck")
-            trainer = trainers.Trainer(model, trainers.build_engine(engine), task, batch_size=16, log_every=1,
-                                       eval_every=2, progress=False, lr=0.05)
-            report = trainer.fit(steps=3)
-            runs.append((without_timing(trainer.history), report, [p.detach().clone() for p in model.parameters()]))
-        assert runs[1][0] == runs[0][0] and runs[1][1] == runs[0][1], engine
-        assert all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2], strict=True)), engine
+    assert_same_runs_under_every_mlp_engine([plain, hf], steps=3)
 
 
 class ListStream(IterableDataset):

@@ -37,9 +37,8 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError
-from trainers.core.registry import build_engine
 from trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
-from trainers.loops.structure import model_for_engine
+from trainers.loops.setup import given_engine, model_for_engine
 
 __all__ = ["EngineTrainer", "ENGINE_FILE"]
 
@@ -57,12 +56,7 @@ class EngineTrainer(transformers.Trainer):
     def __init__(self, *args: Any, engine: str | GradientEngine = "backprop", engine_options: dict | None = None,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if isinstance(engine, GradientEngine):
-            if engine_options:
-                raise ConfigError("EngineTrainer: engine_options go with an engine's name, not an engine object")
-            self.engine = engine
-        else:
-            self.engine = build_engine(engine, **(engine_options or {}))
+        self.engine = given_engine(engine, engine_options, "EngineTrainer")
         if self.args.label_smoothing_factor:
             raise ConfigError("EngineTrainer: label_smoothing_factor is not supported with an engine yet; give the "
                               "smoothed loss as compute_loss_func")

@@ -16,7 +16,7 @@ engine instead of ``loss.backward()``.
 
 A batch is ``(inputs, targets)`` (``split_batch`` says otherwise); the loss is ``engine_loss(outputs, targets)``
 (cross-entropy unless overridden). The training step runs ``engine.compute_grads`` on the module (or the residual
-stack found in it from the first batch, for Highway-BP: ``trainers.loops.structure``) and returns the loss;
+stack found in it from the first batch, for Highway-BP: ``trainers.loops.setup``) and returns the loss;
 Lightning's ``backward`` hook, where ``loss.backward()`` would run, adds the engine's gradients to ``.grad``, scaled
 as Lightning scaled the loss (accumulation, a precision plugin's scaler). So everything else is Lightning's own,
 under automatic optimization: ``accumulate_grad_batches``, ``gradient_clip_val``, optimizers and schedulers at
@@ -39,9 +39,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tasks.base import cross_entropy_loss
 from trainers.core.engine import GradientEngine, trainable_parameters
 from trainers.core.errors import ConfigError
-from trainers.core.registry import build_engine
 from trainers.core.replicas import average_over_replicas
-from trainers.loops.structure import model_for_engine
+from trainers.loops.setup import given_engine, model_for_engine
 
 __all__ = ["EngineModule"]
 
@@ -52,12 +51,7 @@ class EngineModule(lightning.LightningModule):
 
     def __init__(self, engine: str | GradientEngine = "backprop", engine_options: dict | None = None):
         super().__init__()
-        if isinstance(engine, GradientEngine):
-            if engine_options:
-                raise ConfigError("EngineModule: engine_options go with an engine's name, not an engine object")
-            self.engine = engine
-        else:
-            self.engine = build_engine(engine, **(engine_options or {}))
+        self.engine = given_engine(engine, engine_options, "EngineModule")
         self._trained: list[torch.nn.Module] = []  # the module the engine trains, once found (not a submodule)
         self._grads: list[torch.Tensor] = []  # the engine's gradients of the step, until backward adds them
         self._loss = torch.zeros(())

@@ -1,5 +1,6 @@
-"""The module an engine trains inside another loop: the model itself, or, for an engine that needs a structure the
-model does not declare (Highway-BP's residual stack), the one found in it from a batch (``models.residual_stack``)."""
+"""What another loop needs of the project: the engine it is given (a name with options, or an engine object), and
+the module that engine trains: the model itself, or, for an engine that needs a structure the model does not
+declare (Highway-BP's residual stack), the one found in it from a batch (``models.residual_stack``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ import torch
 import models
 from trainers.core.engine import GradientEngine
 from trainers.core.errors import ConfigError, IncompatibleModelError
+from trainers.core.registry import build_engine
 
-__all__ = ["model_for_engine"]
+__all__ = ["given_engine", "model_for_engine"]
+
+
+def given_engine(engine: str | GradientEngine, options: dict | None, who: str) -> GradientEngine:
+    """``engine`` itself, or the engine of that name built with ``options`` (options with an object: one line)."""
+    if isinstance(engine, GradientEngine):
+        if options:
+            raise ConfigError(f"{who}: engine_options go with an engine's name, not an engine object")
+        return engine
+    return build_engine(engine, **(options or {}))
 
 
 def model_for_engine(engine: GradientEngine, module: torch.nn.Module, example: tuple) -> torch.nn.Module:
