@@ -191,3 +191,21 @@ def test_a_forward_gradient_of_transformers_gpt2_is_grad_dot_v_times_v():
     trainers.build_engine("fgrad", seed=5).compute_grads(model, ids, targets, tasks.sequence_cross_entropy)
     v = flat(direction(list(model.parameters()), "gaussian", 5, 0, 0))
     torch.testing.assert_close(flat([p.grad for p in model.parameters()]), (g @ v) * v, rtol=1e-9, atol=1e-12)
+
+
+class FailsInside(nn.Linear):
+    """A layer whose own forward raises after its perturbed weight was swapped in."""
+
+    def forward(self, x):
+        raise ValueError("the user's forward fails")
+
+
+def test_a_forward_that_raises_in_a_perturbed_pass_leaves_every_parameter_in_place():
+    from trainers.engines.mezo import perturbed
+
+    model = nn.Sequential(nn.Linear(5, 6), FailsInside(6, 3))
+    params = dict(model.named_parameters())
+    with pytest.raises(ValueError, match="the user's forward fails"), torch.no_grad(), \
+            perturbed(model, 1e-3, lambda k, p: torch.ones_like(p)):
+        model(torch.randn(4, 5))
+    assert all(model.get_parameter(name) is p for name, p in params.items())

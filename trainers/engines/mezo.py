@@ -47,11 +47,12 @@ def perturbed(model: nn.Module, scale: float, draw) -> Iterator[None]:
     when it returns; the parameters themselves are not written."""
     index = {id(p): k for k, (_, p) in enumerate(trainable_parameters(model))}
     values = {id(p): p.detach() for _, p in trainable_parameters(model)}  # views taken once, before any forward
-    handles = []
+    handles, owners = [], []
     for module in model.modules():
         own = [(name, p) for name, p in module._parameters.items() if p is not None and id(p) in index]
         if not own:
             continue
+        owners.append((module, own))
 
         def swap_in(mod, args, own=own):
             for name, p in own:
@@ -67,10 +68,9 @@ def perturbed(model: nn.Module, scale: float, draw) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-        for module in model.modules():  # a forward that raised leaves no perturbed tensor behind
-            for name, p in list(module._parameters.items()):
-                if p is not None and not isinstance(p, nn.Parameter):
-                    raise RuntimeError(f"mezo: {name} was left perturbed")
+        for module, own in owners:  # a forward that raised midway leaves no perturbed tensor behind
+            for name, p in own:
+                module._parameters[name] = p
 
 
 class _Unperturbed(TorchFunctionMode):
