@@ -113,8 +113,8 @@ def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, c
     exp = tmp_path / "runs" / "compare-digits"
     trainer_names = [p.name for p in exp.iterdir() if p.is_dir()]
     # all that take the MLP
-    assert sorted(trainer_names) == ["backprop", "brsf", "dfa", "fa", "fgrad", "foton", "frsf", "mezo", "pepita",
-                                     "usf"]
+    assert sorted(trainer_names) == ["backprop", "brsf", "dfa", "fa", "fgrad", "fgrad_act", "foton", "frsf", "mezo",
+                                     "pepita", "usf"]
     summary = (exp / "summary.md").read_text()
     assert "| backprop | 3 |" in summary and "digits" in summary
     png = (exp / "comparison.png").read_bytes()

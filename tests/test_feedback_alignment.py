@@ -266,6 +266,6 @@ def test_the_zoo_convnet_is_a_layer_stack_fa_dfa_pepita_and_backprop_take_and_fo
     x = torch.randn(3, 64)
     torch.testing.assert_close(model(x), model(x.reshape(3, 1, 8, 8)))
     assert [name for name in available() if compatible(name, model)] == ["backprop", "brsf", "dfa", "fa", "fgrad",
-                                                                          "frsf", "mezo", "pepita", "usf"]
+                                                                          "fgrad_act", "frsf", "mezo", "pepita", "usf"]
     with pytest.raises(trainers.IncompatibleModelError, match="needs orthogonal hidden layers"):
         trainers.build_engine("foton").check(model)

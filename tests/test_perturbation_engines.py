@@ -13,6 +13,7 @@ import models
 import tasks
 import trainers
 from tasks.base import cross_entropy_loss
+from trainers.engines.activity_fgrad import ActivityForwardGradient
 from trainers.engines.directions import direction
 from trainers.engines.fgrad import ForwardGradient
 from trainers.engines.mezo import MeZO
@@ -150,7 +151,7 @@ class CrashAt:
         return Crashing(**options)
 
 
-@pytest.mark.parametrize("kind", [ForwardGradient, MeZO])
+@pytest.mark.parametrize("kind", [ForwardGradient, ActivityForwardGradient, MeZO])
 def test_a_killed_run_resumes_with_the_same_directions(tmp_path, kind):
     task = tasks.build("digits")
 
@@ -209,3 +210,13 @@ def test_a_forward_that_raises_in_a_perturbed_pass_leaves_every_parameter_in_pla
             perturbed(model, 1e-3, lambda k, p: torch.ones_like(p)):
         model(torch.randn(4, 5))
     assert all(model.get_parameter(name) is p for name, p in params.items())
+
+
+@pytest.mark.parametrize("name", ["fgrad", "fgrad_act", "mezo"])
+def test_a_seed_near_the_top_of_its_range_draws_directions(name):
+    """A seed near 2**62 (the flag takes any non-negative integer) once overflowed the generator's 64-bit seed."""
+    model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    x, y = torch.randn(8, 5), torch.randint(0, 3, (8,))
+    trainers.build_engine(name, seed=2**62 - 1).compute_grads(model, x, y, cross_entropy_loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+               for p in model.parameters())

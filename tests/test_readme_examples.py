@@ -255,8 +255,8 @@ class Run:
     prepare: Callable[[Path], None] | None = None
 
 
-MLP_TRAINERS = ("backprop", "brsf", "dfa", "fa", "fgrad", "foton", "frsf", "mezo", "pepita",  # every trainer of
-                "usf")  # the MLP
+MLP_TRAINERS = ("backprop", "brsf", "dfa", "fa", "fgrad", "fgrad_act", "foton", "frsf", "mezo",  # every trainer of
+                "pepita", "usf")  # the MLP
 FAMILY = ("backprop", "fa", "usf", "brsf", "frsf", "dfa")
 ONE_LR = " --tune-grid lr=1e-3"  # one trial per trainer: the grid's size is not part of a folder's name
 BERT = ("compare-BertForTokenClassification-hidden_size=32-intermediate_size=64-num_attention_heads=2-"
@@ -274,9 +274,9 @@ RUNS = [
         tuned("compare-depth=32-digits-adam-foton-tuned", 8, "foton"), COMPARE),
     # "Trainers": the forward-only family (issue 50)
     Run(r"\.venv/bin/python scripts/compare\.py --model mlp --orthogonal bjorck .*"
-        r"--trainers backprop,foton,pepita,fgrad,mezo ",
+        r"--trainers backprop,foton,pepita,fgrad,fgrad_act,mezo ",
         comparison("compare-mlp-depth=4-width=64-activation=tanh-orthogonal=bjorck-digits-backprop+foton+pepita+fgrad"
-                   "+mezo", "backprop", "foton", "pepita", "fgrad", "mezo"), COMPARE),
+                   "+fgrad_act+mezo", "backprop", "foton", "pepita", "fgrad", "fgrad_act", "mezo"), COMPARE),
     # "The feedback-alignment family"
     Run(r"\.venv/bin/python scripts/compare\.py --trainers backprop,fa,usf,brsf,frsf,dfa$",
         comparison("compare-digits-" + "+".join(FAMILY), *FAMILY), COMPARE),
@@ -307,7 +307,8 @@ RUNS = [
     Run(r"\.venv/bin/python scripts/train\.py --model my_models\.py:Net ",
         trained("train-Net-hidden=128-digits", "backprop"), TRAIN, prepare=write_my_models),
     Run(r"\.venv/bin/python scripts/compare\.py --model my_models\.py:Net$",  # every trainer a plain module allows
-        comparison("compare-Net-digits", "backprop", "brsf", "dfa", "fa", "fgrad", "frsf", "mezo", "usf"), COMPARE),
+        comparison("compare-Net-digits", "backprop", "brsf", "dfa", "fa", "fgrad", "fgrad_act", "frsf", "mezo",
+                                         "usf"), COMPARE),
     Run(r"\.venv/bin/python scripts/train\.py --model torch\.nn:Linear ", trained("train-Linear-digits", "linear"),
         TRAIN),
     # the installed command, as this checkout's trainers.cli.main

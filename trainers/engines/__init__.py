@@ -1,3 +1,13 @@
 """One file per gradient engine; importing this package registers them all."""
 
-from trainers.engines import backprop, dsf, feedback_alignment, fgrad, foton, highway, mezo, pepita  # noqa: F401
+from trainers.engines import (  # noqa: F401
+    activity_fgrad,
+    backprop,
+    dsf,
+    feedback_alignment,
+    fgrad,
+    foton,
+    highway,
+    mezo,
+    pepita,
+)

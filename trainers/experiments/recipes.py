@@ -49,6 +49,9 @@ MEZO_PAPER = ("MeZO, Malladi et al. NeurIPS 2023, Algorithm 1 and App. E: plain 
               "rates (1e-6, 1e-7) fine-tune OPT and are not published for these models: tune it (compare.py --tune)")
 FGRAD_PAPER = ("Baydin et al. 2022, 'Gradients without backpropagation': plain SGD with one Gaussian direction; its "
                "learning rate is not published for these models: tune it (compare.py --tune)")
+FGRAD_ACT_PAPER = ("Ren et al. ICLR 2023, 'Scaling forward gradient with local losses': activity-perturbed forward "
+                   "gradient, one Gaussian direction; their optimizer settings train local-loss ResNets, not these "
+                   "models: fgrad's plain SGD, tune it (compare.py --tune)")
 FEEDBACK_FAMILY = ("fa", "usf", "brsf", "frsf", "dfa")
 FEEDBACK_GPT = ("backprop's GPT setting (Highway-BP paper, Table 4): no FA-family setting for GPT-2 is published; "
                 "the feedback's scale (scale=weight) is what keeps the gradient at backprop's size (BENCHMARKS.md)")
@@ -108,6 +111,8 @@ RECIPES: list[Recipe] = [
            _same(MEZO_PAPER, eps=1e-3, directions=1)),
     Recipe("fgrad", (), _same(FGRAD_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=64),
            _same(FGRAD_PAPER, directions=1, distribution="gaussian")),
+    Recipe("fgrad_act", (), _same(FGRAD_ACT_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0,
+                                  batch_size=64), _same(FGRAD_ACT_PAPER, directions=1, distribution="gaussian")),
     Recipe("backprop", (), _ADAM_1E3),
 ]
 
