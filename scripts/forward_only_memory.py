@@ -6,8 +6,9 @@ For each model, the peak extra memory of one call (``trainers.bench.timing.peak_
 live CPU allocations on a CPU, ``max_memory_allocated`` on a GPU; the parameters, allocated before, are not
 counted, ``.grad`` is cleared before each call so the gradients written count) of: inference (the model's forward
 under ``no_grad``), and each engine's ``compute_grads``; and the median time of 5 ``compute_grads`` calls after one.
-Models: a transformers GPT-2 (4 layers, width 256, vocabulary 5,000, 128 tokens, batch 8: backprop, fgrad, mezo) and
-the zoo's orthogonal tanh MLP (Björck, depth 8, width 512, batch 64: also foton and pepita). Prints a Markdown table.
+Models: a transformers GPT-2 (4 layers, width 256, vocabulary 5,000, 128 tokens, batch 8: backprop, fgrad,
+fgrad_act, mezo) and the zoo's orthogonal tanh MLP (Björck, depth 8, width 512, batch 64: also foton and pepita).
+Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def gpt2_case():
     model = transformers.GPT2LMHeadModel(config)
     ids = torch.randint(0, 5000, (8, 129), generator=torch.Generator().manual_seed(1))
     return "transformers GPT-2 (4 x 256)", model, ids[:, :-1], ids[:, 1:], tasks.sequence_cross_entropy, \
-        ["backprop", "fgrad", "mezo"]
+        ["backprop", "fgrad", "fgrad_act", "mezo"]
 
 
 def mlp_case():
@@ -43,7 +44,7 @@ def mlp_case():
                          orthogonal="bjorck")
     x = torch.randn(64, 512, generator=torch.Generator().manual_seed(1))
     return "orthogonal MLP (8 x 512)", model, x, x[:, :10].argmax(1), tasks.base.cross_entropy_loss, \
-        ["backprop", "fgrad", "mezo", "foton", "pepita"]
+        ["backprop", "fgrad", "fgrad_act", "mezo", "foton", "pepita"]
 
 
 def main(argv=None) -> int:

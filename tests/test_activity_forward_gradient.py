@@ -13,6 +13,7 @@ from torch import nn
 import tasks
 import trainers
 from tasks.base import cross_entropy_loss
+from trainers.core.engine import trainable_parameters
 from trainers.engines.activity_fgrad import ActivityForwardGradient
 from trainers.engines.directions import activity_direction, direction_of
 from trainers.engines.fgrad import ForwardGradient
@@ -118,8 +119,8 @@ def one_by_hand(engine, model, inputs, targets, loss_fn, forward, distribution, 
         module, own = plan.layers[k][1], [params[i] for i in plan.layer_params[k]]
         for args, u_ in zip(inputs_of[k], u[k], strict=True):
             z = module(*[a.detach() for a in args])  # this call alone: not through an earlier call of the same layer
-            rows = s.repeat_interleave(u_.shape[0] // s.shape[0]) if plan.per_example else torch.full(
-                (u_.shape[0],), whole, dtype=torch.float64)
+            rows = s.repeat_interleave(u_.shape[0] // s.shape[0]) if plan.per_example and not u_.shape[0] % len(s) \
+                else torch.full((u_.shape[0],), whole, dtype=torch.float64)
             delta = u_ * rows.reshape(-1, *[1] * (u_.dim() - 1))
             for i, g in zip(plan.layer_params[k], torch.autograd.grad(z, own, delta), strict=True):
                 expected[i] += g
@@ -161,9 +162,10 @@ def test_directions_are_their_definition_computed_by_hand(case):
     assert F.cosine_similarity(got, exact, dim=0) < 0.99  # the contrast: not backprop
 
 
-def test_gpt2_one_direction_is_its_definition_and_its_tied_head_is_weight_perturbed():
-    """transformers GPT-2 (float64): the tied lm_head (its weight is wte's, read by the embedding) is weight-perturbed,
-    the 4 Conv1D layers activity-perturbed per example (rows of (B, T, d) grouped by example)."""
+def test_gpt2_one_direction_is_its_definition_with_its_tied_head_and_embedding_both_perturbed():
+    """transformers GPT-2 (float64): the 4 Conv1D layers, the two embeddings and the lm_head (its weight is wte's)
+    activity-perturbed per example (rows of (B, T, d) grouped by example); the tied table's gradient is the sum of
+    both layers' local backwards; only the LayerNorms are weight-perturbed."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=6, resid_pdrop=0.0,
@@ -174,7 +176,9 @@ def test_gpt2_one_direction_is_its_definition_and_its_tied_head_is_weight_pertur
     engine = trainers.build_engine("fgrad_act", seed=5)
     got = estimate(engine, model, ids, targets, tasks.sequence_cross_entropy)
     plan = engine.plans[id(model)]
-    assert plan.demoted == ["lm_head"] and len(plan.layers) == 4 and plan.per_example
+    assert plan.demoted == [] and len(plan.layers) == 7 and plan.per_example and plan.shared == ["transformer.wpe"]
+    names = [name for name, _ in trainable_parameters(model)]
+    assert [names[i] for i in plan.weights] == [n for n in names if ".ln_" in n or n.startswith("transformer.ln_f")]
     want = by_hand(engine, model, ids, targets, tasks.sequence_cross_entropy, lambda m, i: m(i).logits, seed=5)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 

@@ -2,7 +2,8 @@
 local losses", Section 3, FG-A; here with the model's own global loss, without the paper's local-loss heads).
 
 The outputs z_l of the covered layers (nn.Linear, zero-padded nn.Conv2d, transformers' Conv1D:
-``feedback_layers.covered_layers``) are perturbed, not their weights. One forward-mode pass per direction adds a
+``feedback_layers.covered_layers``; and nn.Embedding, a linear layer on one-hot inputs whose local backward scatters
+delta into the rows it read) are perturbed, not their weights. One forward-mode pass per direction adds a
 tangent u_l ~ N(0, I) (or Rademacher) at every covered output, drawn per example and position, and a weight tangent
 v (as ``fgrad``'s) on the other trainable parameters (norms, embeddings); it returns the loss's tangent, split by
 example through the outputs' tangent y' and the task loss's gradient at the outputs (a backward of the loss alone):
@@ -22,7 +23,8 @@ independent perturbations per example); where the activations outnumber the weig
 
 Splitting S by example holds when the examples do not interact and the loss is the task's loss of the outputs: the
 first batch checks both (a perturbation of example 0's rows reaches no other example's outputs, and sum_b s_b is the
-loss's tangent), and otherwise every layer uses S (still unbiased, about B times the error), said once. A covered
+loss's tangent), and otherwise every layer uses S (still unbiased, about B times the error), said once. A layer
+whose rows are not per example (GPT-2's position table, (1, T, d) broadcast over the batch) uses S u. A covered
 layer whose parameter is read outside every covered forward that owns it (a head tied to an embedding) is
 weight-perturbed instead (found on the first batch, said once). Memory: the covered layers' inputs are kept until
 the pass ends (their local backward), no other activation; forward mode carries a tangent beside each activation.
@@ -63,6 +65,7 @@ class _Plan:
     demoted: list[str]
     per_example: bool = True
     why_not: str = ""
+    shared: list[str] = dataclasses.field(default_factory=list)  # rows not per example (a position table): S u
 
 
 @dataclasses.dataclass
@@ -79,6 +82,14 @@ class _Pass:
 
 def _primal(value):
     return fwAD.unpack_dual(value).primal if isinstance(value, torch.Tensor) else value
+
+
+def _activity_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The covered layers and the embeddings with a trainable table, in module order (a table tied to a head is then
+    read inside a perturbed layer's forward at both uses, and both local backwards add up in its gradient)."""
+    covered = {id(m) for _, m in covered_layers(model)}
+    return [(name, m) for name, m in model.named_modules() if id(m) in covered or (
+        isinstance(m, nn.Embedding) and m.weight.requires_grad)]
 
 
 class _ReadOutside(TorchFunctionMode):
@@ -121,7 +132,7 @@ class ActivityForwardGradient(GradientEngine):
         """The plan (module docstring): layers read outside their forward are demoted; s splits by example only
         where example 0's perturbation stays in example 0 and the split adds up to the loss's tangent."""
         index = {id(p): i for i, (_, p) in enumerate(trainable_parameters(model))}
-        layers = [(name, m) for name, m in covered_layers(model)]
+        layers = _activity_layers(model)
         params = [[index[id(p)] for p in m.parameters() if id(p) in index] for _, m in layers]
         demoted = self._read_outside(model, layers, inputs, targets, loss_fn)
         while True:  # a layer sharing a parameter with a demoted layer is demoted too
@@ -168,8 +179,8 @@ class ActivityForwardGradient(GradientEngine):
         batch = probe.outputs.shape[0]
         if batch == 1:
             return ""
-        if any(u.shape[0] % batch for calls in probe.calls for _, _, u in calls):
-            return f"a perturbed layer's rows are not a multiple of the batch ({batch})"
+        plan.shared = [name for (name, _), calls in zip(plan.layers, probe.calls, strict=True)
+                       if any(u.shape[0] % batch for _, _, u in calls)]
         scalars = self._example_scalars(probe, targets, loss_fn)
         if scalars is None:
             return "the loss is not the task's loss of the outputs"
@@ -190,6 +201,9 @@ class ActivityForwardGradient(GradientEngine):
         if plan.demoted:
             line += f"; {', '.join(plan.demoted[:3])}{', ...' if len(plan.demoted) > 3 else ''} weight-perturbed " \
                     f"(a parameter read outside the layer's forward)"
+        if plan.per_example and plan.shared:
+            line += f"; {', '.join(plan.shared[:3])}{', ...' if len(plan.shared) > 3 else ''} shared by the " \
+                    f"batch (the whole-batch scalar)"
         if not plan.per_example:
             line += f"; one scalar for the whole batch, not per example ({plan.why_not}: about B times the error)"
         return line
@@ -267,7 +281,7 @@ class ActivityForwardGradient(GradientEngine):
                 for k, (_, module) in enumerate(plan.layers):
                     own = [params[i] for i in plan.layer_params[k]]
                     for args, kwargs, u in one.calls[k]:
-                        if scalars is None:
+                        if scalars is None or u.shape[0] % scalars.shape[0]:  # shared by the batch: S u
                             delta = u * whole
                         else:
                             rows = scalars.repeat_interleave(u.shape[0] // scalars.shape[0]).to(u.dtype)

@@ -27,10 +27,13 @@ def _generator(seed: int, step: int, index: int, parameter: int) -> torch.Genera
 
 
 def _draw(shape: torch.Size, like: torch.Tensor, distribution: str, gen: torch.Generator) -> torch.Tensor:
+    # float32 draws for every parameter narrower than float64: three times faster than float64's on the CPU
+    # (61 against 193 ms for 9.4 M numbers), a visible part of a step
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     if distribution == "gaussian":
-        v = torch.randn(shape, generator=gen, dtype=torch.float64)
+        v = torch.randn(shape, generator=gen, dtype=dtype)
     else:
-        v = torch.randint(0, 2, shape, generator=gen).to(torch.float64).mul_(2).sub_(1)
+        v = torch.randint(0, 2, shape, generator=gen, dtype=torch.int8).to(dtype).mul_(2).sub_(1)
     return v.to(device=like.device, dtype=like.dtype)
 
 
