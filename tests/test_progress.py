@@ -288,3 +288,31 @@ def test_an_interrupt_before_training_or_while_a_comparison_writes_its_summary_s
                                        f"comparison\n")
     monkeypatch.setattr(compare, "plot_comparison", lambda *args, **kwargs: None)
     assert compare_main([*flags, "--resume"]) == 0 and (tmp_path / "c" / "summary.md").exists()
+
+
+def test_an_interrupt_between_a_comparisons_runs_counts_the_runs_kept_from_their_files(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after two of four runs finished (outside any run's own loop) names those two as kept, counted from their
+    result.json, never "no run was trained"; the resume trains the other two only."""
+    from trainers.cli import compare_main
+    from trainers.experiments import compare
+
+    real, calls = compare._run_or_record, []
+
+    def interrupt_third(*args, **kwargs):
+        calls.append(args[1:3])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    flags = [*TEACHER, "--trainers", "backprop,fa", "--steps", "2", "--seeds", "0,1", "--timing-rounds", "5",
+             "--progress", "false", "--logdir", str(tmp_path), "--experiment", "c"]
+    monkeypatch.setattr(compare, "_run_or_record", interrupt_third)
+    assert compare_main(flags) == 130
+    assert capsys.readouterr().err == (f"error: interrupted between the comparison's runs: 2 of 4 runs finished and "
+                                       f"kept in {tmp_path / 'c'} (backprop seed 0, backprop seed 1); the step timing "
+                                       f"kept in comparison.json; --resume continues the comparison\n")
+    monkeypatch.setattr(compare, "_run_or_record", real)
+    monkeypatch.setattr(compare, "plot_comparison", lambda *args, **kwargs: None)
+    assert compare_main([*flags, "--resume"]) == 0
+    assert sorted(p.parent.name + p.name for p in (tmp_path / "c").glob("*/seed*") if (p / "result.json").exists()) \
+        == ["backpropseed0", "backpropseed1", "faseed0", "faseed1"]

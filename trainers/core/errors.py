@@ -11,6 +11,7 @@ from Python.
 
 import contextvars
 import re
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -107,16 +108,17 @@ def interruption(err: KeyboardInterrupt, what: str) -> RunInterrupted:
 
 
 @contextmanager
-def stage(what: str):
+def stage(what: str | Callable[[], str]):
     """Within this block, Ctrl-C or SIGTERM ends the command with one line saying what was kept: ``"interrupted
     " + what`` (``what`` names the phase and what it leaves, e.g. "while building the model, before training:
-    nothing was trained"); an interruption that already says it (a run's) passes through."""
+    nothing was trained"; a function is asked at the interruption, for what is counted then); an interruption that
+    already says it (a run's) passes through."""
     try:
         yield
     except RunInterrupted:
         raise
     except KeyboardInterrupt as err:
-        raise interruption(err, what) from None
+        raise interruption(err, what if isinstance(what, str) else what()) from None
 
 
 class RunOutOfMemory(RuntimeError):

@@ -26,7 +26,7 @@ from trainers.experiments.step_timing import ROUNDS, other_threads, time_steps
 from trainers.experiments.summary import model_text, write_summary
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.hparams import write_experiment_config
-from trainers.run.rundir import RunDirectory, run_path
+from trainers.run.rundir import RESULT, RunDirectory, run_path
 from trainers.run.trainer import Trainer, steps_per_epoch
 
 __all__ = ["run_comparison", "refuse_taken", "compatible"]
@@ -115,12 +115,21 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
 
     write_record()
     failures: list[dict] = []
-    with stage(f"while building the runs, after the step timing (kept in comparison.json): no run was trained; "
-               f"{spell('resume')} continues the comparison"):  # a run's own interruption says its step
-        trainer_objs = {key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir, experiment=experiment,
-                                     run_name=run_name or key[0], overwrite=overwrite, meta=s.meta,
-                                     settings=s.settings, timing=timing["trainers"][key[0]])
-                        for key, s in setups.items()}
+    trainer_objs: dict = {}
+
+    def kept() -> str:  # counted from the files at the interruption: a run may have finished in an earlier session
+        done = [f"{name} seed {seed}" for (name, seed), t in trainer_objs.items()
+                if t.run_dir is not None and (t.run_dir / RESULT).exists()]
+        return (f"{len(done)} of {len(setups)} runs finished and kept in {out_dir}"
+                f"{' (' + ', '.join(done) + ')' if 0 < len(done) <= 6 else ''}; the step timing kept in "
+                f"{COMPARISON_FILE}; {spell('resume')} continues the comparison")
+
+    with stage(lambda: f"while building the runs, after the step timing: {kept()}"):
+        trainer_objs.update({key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir,
+                                          experiment=experiment, run_name=run_name or key[0], overwrite=overwrite,
+                                          meta=s.meta, settings=s.settings, timing=timing["trainers"][key[0]])
+                             for key, s in setups.items()})
+    with stage(lambda: f"between the comparison's runs: {kept()}"):  # a run's own interruption says its step
         for (name, seed), trainer in trainer_objs.items():
             failure = _run_or_record(trainer, name, seed, resume=resume, allow_changes=allow_changes, **lengths[name])
             failures += [failure] if failure else []
