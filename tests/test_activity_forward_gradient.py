@@ -62,6 +62,20 @@ class CalledTwice(nn.Module):
         return self.out(torch.tanh(self.shared(torch.tanh(self.shared(h)))))
 
 
+class SharedTable(nn.Module):
+    """A position table (T, d) through a Linear once for the whole batch, its output (1, T, d) broadcast to every
+    example (a relative-position MLP): that layer takes the whole-batch scalar, the others their examples'."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.pos, self.inp, self.out = nn.Parameter(torch.randn(4, 5)), nn.Linear(5, 5), \
+            nn.Linear(5, 5), nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x) + self.pos(self.table).unsqueeze(0))
+        return self.out(h.mean(1))
+
+
 def batch_normed(seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3)).double()
@@ -134,16 +148,16 @@ def estimate(engine, model, inputs, targets, loss_fn=cross_entropy_loss):
 
 
 @pytest.mark.parametrize("case", ["mlp-gaussian", "mlp-rademacher", "three-directions", "read-outside", "batchnorm",
-                                  "flattened", "called-twice"])
+                                  "flattened", "called-twice", "shared-table"])
 def test_directions_are_their_definition_computed_by_hand(case):
     distribution = "rademacher" if case.endswith("rademacher") else "gaussian"
     directions = 3 if case == "three-directions" else 1
     torch.manual_seed(0)
     model = {"read-outside": lambda: ReadOutside().double(), "three-directions": lambda: ReadOutside().double(),
              "flattened": lambda: Flattened().double(), "called-twice": lambda: CalledTwice().double(),
-             "batchnorm": batch_normed}.get(case, mlp)()
+             "shared-table": lambda: SharedTable().double(), "batchnorm": batch_normed}.get(case, mlp)()
     x, y = data()
-    if case == "flattened":
+    if case in ("flattened", "shared-table"):
         x = torch.randn(16, 4, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     engine = trainers.build_engine("fgrad_act", distribution=distribution, seed=7, directions=directions)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -152,20 +166,19 @@ def test_directions_are_their_definition_computed_by_hand(case):
     want = by_hand(engine, model, x, y, cross_entropy_loss, lambda m, i: m(i), distribution, 7, directions)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
     plan, line = engine.plans[id(model)], engine.structure(model)
-    assert plan.per_example == (case != "batchnorm")
+    assert plan.per_example == (case != "batchnorm") and plan.shared == (["pos"] if case == "shared-table" else [])
     assert ("examples interact" in line) == (case == "batchnorm")
     read_outside = case in ("read-outside", "three-directions")
     assert plan.demoted == (["mid"] if read_outside else [])
-    # mid's 2 and the norm's 2; BatchNorm's 2
-    assert len(plan.weights) == (4 if read_outside else 2 if case == "batchnorm" else 0)
+    # mid's 2 and the norm's 2; BatchNorm's 2; the table
+    assert len(plan.weights) == {"batchnorm": 2, "shared-table": 1}.get(case, 4 if read_outside else 0)
     exact = flat(torch.autograd.grad(cross_entropy_loss(model(x), y), list(model.parameters())))
     assert F.cosine_similarity(got, exact, dim=0) < 0.99  # the contrast: not backprop
 
 
-def test_gpt2_one_direction_is_its_definition_with_its_tied_head_and_embedding_both_perturbed():
-    """transformers GPT-2 (float64): the 4 Conv1D layers, the two embeddings and the lm_head (its weight is wte's)
-    activity-perturbed per example (rows of (B, T, d) grouped by example); the tied table's gradient is the sum of
-    both layers' local backwards; only the LayerNorms are weight-perturbed."""
+def test_gpt2_one_direction_is_its_definition_and_its_tied_head_is_weight_perturbed():
+    """transformers GPT-2 (float64): the tied lm_head (its weight is wte's, read by the embedding) is weight-perturbed,
+    the 4 Conv1D layers activity-perturbed per example (rows of (B, T, d) grouped by example)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=6, resid_pdrop=0.0,
@@ -176,9 +189,10 @@ def test_gpt2_one_direction_is_its_definition_with_its_tied_head_and_embedding_b
     engine = trainers.build_engine("fgrad_act", seed=5)
     got = estimate(engine, model, ids, targets, tasks.sequence_cross_entropy)
     plan = engine.plans[id(model)]
-    assert plan.demoted == [] and len(plan.layers) == 7 and plan.per_example and plan.shared == ["transformer.wpe"]
+    assert plan.demoted == ["lm_head"] and len(plan.layers) == 4 and plan.per_example and not plan.shared
     names = [name for name, _ in trainable_parameters(model)]
-    assert [names[i] for i in plan.weights] == [n for n in names if ".ln_" in n or n.startswith("transformer.ln_f")]
+    assert [names[i] for i in plan.weights] == [n for n in names if ".ln_" in n or ".wte" in n or ".wpe" in n
+                                                or n.startswith("transformer.ln_f")]
     want = by_hand(engine, model, ids, targets, tasks.sequence_cross_entropy, lambda m, i: m(i).logits, seed=5)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
