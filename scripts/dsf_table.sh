@@ -2,7 +2,7 @@
 # The DSF training tables of BENCHMARKS.md: bptt (the backprop engine), ftbptt and dsf on the
 # authors' PTB model shape (rnn_lm: embedding, residual GRU layers, linear head), gradient
 # agreement with BPTT logged every 50 steps. Every (experiment, trainer, seed) is its own
-# resumable run (compare.py --resume); finished ones are skipped, so the script can be killed
+# resumable run (compare.py --resume auto); finished ones are skipped, so the script can be killed
 # and started again, and several copies can share the work (one per seed).
 #
 #   bash scripts/dsf_table.sh GRID [LOGDIR] [DEVICE] [SEEDS]   (env: EPOCHS, DEPTHS, TRAINERS, FEEDBACKS, PTB_DIR)
@@ -36,7 +36,7 @@ run() {  # run EXPERIMENT TRAINER RUN_NAME SEED FLAGS...: one resumable run, ski
   [ -f "$LOGDIR/$exp/$name/seed$seed/result.json" ] && return 0
   echo "$(date +%T) start $exp $name seed $seed"
   $PY scripts/compare.py "$@" --experiment "$exp" --trainers "$trainer" --run-name "$name" --seeds "$seed" \
-      --logdir "$LOGDIR" --device "$DEVICE" --settings shared --resume \
+      --logdir "$LOGDIR" --device "$DEVICE" --settings shared --resume auto \
       > "$LOGDIR/log-${exp//\//-}-$name-$seed.txt" 2>&1 || echo "$(date +%T) failed $exp $name seed $seed (see its log)"
 }
 

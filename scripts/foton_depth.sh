@@ -24,13 +24,13 @@ common=(--task "$TASK" "${data[@]}" --model mlp --width 64 --activation tanh --o
         --log-every 10)
 for depth in 2 8 32 100; do
   $PY scripts/compare.py "${common[@]}" --depth "$depth" --experiment "depth$depth" \
-      --trainers "${TRAINERS:-backprop,foton,pepita,fa,dfa}" --resume > /dev/null || echo "a run diverged (summary.md)"
+      --trainers "${TRAINERS:-backprop,foton,pepita,fa,dfa}" --resume auto > /dev/null || echo "a run diverged (summary.md)"
   echo "$(date +%T) done depth $depth"
 done
 for depth in 32 100; do  # FOTON tuned: Adam (per-coordinate steps undo its per-layer scale) x temperature
   $PY scripts/compare.py "${common[@]}" --depth "$depth" --experiment "depth$depth" --trainers foton \
       --run-name foton-tuned --tune --optimizer adam --tune-grid lr=1e-4,3e-4,1e-3,3e-3 \
-      --tune-grid foton.temperature=1,8 --resume > /dev/null || echo "a run diverged (summary.md)"
+      --tune-grid foton.temperature=1,8 --resume auto > /dev/null || echo "a run diverged (summary.md)"
   echo "$(date +%T) done tuned depth $depth"
 done
 $PY scripts/table.py "$LOGDIR" --columns backprop,foton,pepita,fa,dfa,foton-tuned

@@ -36,7 +36,7 @@ PTB_DIR=${PTB_DIR:-../shared/data/ptb}
 compare() {  # compare EXPERIMENT L FLAGS...: backprop, then highway at each k and at k = L
   local exp=$1 L=$2
   shift 2
-  local c=("$@" --experiment "$exp" --logdir "$LOGDIR" --seeds "$SEEDS" --device "$DEVICE" --settings shared --resume
+  local c=("$@" --experiment "$exp" --logdir "$LOGDIR" --seeds "$SEEDS" --device "$DEVICE" --settings shared --resume auto
            "${EXTRA[@]}")
   $PY scripts/compare.py "${c[@]}" --trainers backprop > /dev/null
   for k in 0 1 2 4 8; do

@@ -22,7 +22,7 @@ TRAINERS=${4:-backprop,highway:k=1,highway:k=2,highway:k=4,fa,dfa}
 shift $(($# < 4 ? $# : 4))
 EXTRA=("$@")
 PTB_DIR=${PTB_DIR:-../shared/data/ptb}
-common=(--logdir "$LOGDIR" --seeds "$SEEDS" --trainers "$TRAINERS" --settings shared --resume --log-every 10
+common=(--logdir "$LOGDIR" --seeds "$SEEDS" --trainers "$TRAINERS" --settings shared --resume auto --log-every 10
         --grad-agreement-every 50 --progress false)
 case "$GRID" in
   gpt2)

@@ -15,7 +15,7 @@ PY=${PYTHON:-.venv/bin/python}
 LOGDIR=${1:-runs/upkeep-digits}
 EPOCHS=${2:-60}
 common=(--task digits --model mlp --width 64 --activation tanh --optimizer sgd --momentum 0
-        --batch-size 256 --epochs "$EPOCHS" --seeds 0,1,2 --logdir "$LOGDIR" --log-every 5 --resume)
+        --batch-size 256 --epochs "$EPOCHS" --seeds 0,1,2 --logdir "$LOGDIR" --log-every 5 --resume auto)
 for setting in 8:0.5 32:0.5 32:0.05; do  # depth:lr (0.5 is too large for depth 32, for both upkeeps alike)
   depth=${setting%:*} lr=${setting#*:}
   experiment=depth$depth$([ "$lr" = 0.5 ] || echo "-lr$lr")
@@ -36,7 +36,7 @@ for dtype in float32 float64; do
     $PY scripts/train.py --task digits --model mlp --width 1024 --depth 4 --activation tanh --orthogonal retraction \
         --optimizer sgd --momentum 0 --lr 0.5 --batch-size 64 --steps 1000 --log-every 50 --eval-every 1000 \
         --dtype "$dtype" --trainer "$trainer" --experiment "drift-$dtype" --logdir "$LOGDIR" --progress false \
-        --resume > /dev/null
+        --resume auto > /dev/null
     $PY - "$LOGDIR/drift-$dtype/$trainer/seed0/metrics.jsonl" "$dtype" "$trainer" <<'PY'
 import json, sys
 errors = [r["engine/orthogonality_error"] for r in map(json.loads, open(sys.argv[1]))

@@ -226,7 +226,7 @@ def finished(tmp_path, capsys):
 
 RESUMED_AS_ANOTHER_RUN = {
     "model": (["--width", "16"], "cannot resume {run}: its checkpoint is of another model (width 8 there, 16 here)"),
-    "task size": (["--task-option", "n_train=128"], "its checkpoint is of another task (train"),
+    "task size": (["--task", "teacher", "--task-option", "n_train=128"], "its checkpoint is of another task (train"),
     "task": (["--task", "digits"], "its checkpoint is of another task (input_shape [32] there, [64] here, "
                                    "name 'teacher' there, 'digits' here"),
     "trainer": (["--trainer", "pepita", "--run-name", "backprop"],
@@ -736,13 +736,13 @@ def test_a_changed_learning_rate_follows_the_schedule_from_the_resumed_step(tmp_
     ("bench", ["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     ("bench", ["--warmup", "-1"], "--warmup must be >= 0, got -1"),
     ("bench", ["--device", "tpu9"], "--device 'tpu9' is not a torch device"),
-    ("train", ["--task-option", "n_train=10000000000"], "out of memory ("),
+    ("train", ["--task", "teacher", "--task-option", "n_train=10000000000"], "out of memory ("),
 ])
 def test_compare_and_bench_flags_are_checked_before_any_work(main, flags, expected, tmp_path, capsys):
     from trainers.cli import bench_main, compare_main
     entry = {"compare": compare_main, "bench": bench_main, "train": train_main}[main]
     common = {"compare": [*TINY, "--steps", "1", "--logdir", str(tmp_path / "runs")],
-              "bench": ["--out", str(tmp_path / "bench")], "train": [*TINY, "--logdir", str(tmp_path / "runs")]}[main]
+              "bench": ["--out", str(tmp_path / "bench")], "train": [*SMALL, "--logdir", str(tmp_path / "runs")]}[main]
     code = entry([*common, *flags])
     err = capsys.readouterr().err.splitlines()
     assert expected in one_error(code, err)

@@ -124,7 +124,8 @@ def test_an_interrupted_comparison_resumes_with_its_timing_and_keeps_its_start(t
 
 def test_sigterm_in_the_timing_phase_leaves_a_comparison_that_resumes(tmp_path):
     """A real SIGTERM while the steps are timed (synchronized on the first round's line, not on time): exit 143,
-    one line; the resume (here, in this process) then times and runs the whole comparison."""
+    one line; the same command, as that line says (here, in this process), then times and runs the whole comparison;
+    ``--resume`` is refused there, since nothing had begun."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(ROOT / "scripts" / "compare.py"), *SMALL, "--logdir", str(tmp_path),
                "--progress-seconds", "1e-9"]
@@ -140,5 +141,6 @@ def test_sigterm_in_the_timing_phase_leaves_a_comparison_that_resumes(tmp_path):
     assert proc.wait(timeout=60) == 143, err
     assert err.splitlines()[-1] == ("error: terminated (SIGTERM) while timing the trainers' steps, before any run: "
                                     "nothing was trained; the same command starts the comparison again"), err
-    assert compare_main([*command[2:], "--resume", "--progress", "false"]) == 0  # only the stopped one needs a process
+    assert compare_main([*command[2:], "--resume", "--progress", "false"]) == 2
+    assert compare_main([*command[2:], "--progress", "false"]) == 0  # only the stopped one needs a process
     assert (tmp_path / "exp" / "summary.md").exists()

@@ -101,3 +101,59 @@ def test_explicit_names_still_stay_inside_the_logdir(tmp_path, capsys, argv):
     assert train_main(["--steps", "1", "--progress", "false", "--logdir", str(tmp_path / "runs"), *argv]) == 2
     assert "must be a relative path inside the log directory" in one_line_error(capsys)
     assert not (tmp_path / "runs").exists()
+
+
+TINY = ["--task", "teacher", "--task-option", "n_train=128", "--width", "8", "--batch-size", "32", "--steps", "2",
+        "--progress", "false"]
+
+
+def test_resume_where_no_run_is_is_refused_naming_the_run_of_other_flags_and_auto_starts_it(tmp_path, capsys):
+    """``--resume`` after a ``--depth 2`` run, now with ``--depth 3``: the depth=3 folder holds no run; refused in one
+    line naming the depth=2 run and what differs, nothing written; ``--resume auto`` starts it (with its note) and
+    then resumes it like ``--resume``."""
+    logdir = ["--logdir", str(tmp_path)]
+    assert train_main([*TINY, *logdir, "--depth", "2"]) == 0
+    capsys.readouterr()
+    assert train_main([*TINY, *logdir, "--depth", "3", "--resume"]) == 2
+    err = one_line_error(capsys)
+    here = tmp_path / "train-mlp-depth=3-width=8-teacher-n_train=128" / "backprop" / "seed0"
+    assert err.startswith(f"error: {here} holds no run to resume; the same run with other flags: "
+                          f"train-mlp-depth=2-width=8-teacher-n_train=128 (depth=2 there, depth=3 here)")
+    assert "--resume auto" in err and not here.parent.parent.exists()
+    assert train_main([*TINY, *logdir, "--depth", "3", "--resume", "auto"]) == 0
+    assert f"{here} holds no run yet; --resume auto starts it" in capsys.readouterr().err
+    assert (here / "result.json").exists()
+    assert train_main([*TINY, *logdir, "--depth", "3", "--resume"]) == 0  # finished: nothing to do
+    assert "nothing to do" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        train_main([*TINY, *logdir, "--resume", "yes"])
+    assert refused.value.code == 2 and "--resume: takes no value or 'auto', got 'yes'" in one_line_error(capsys)
+
+
+def test_a_comparison_resumed_before_it_began_is_refused_and_one_begun_starts_its_missing_runs(tmp_path, capsys):
+    flags = [*TINY, "--logdir", str(tmp_path), "--trainers", "backprop", "--seeds", "0", "--timing-rounds", "5",
+             "--experiment", "c"]
+    assert compare_main([*flags, "--resume"]) == 2
+    assert one_line_error(capsys).startswith(f"error: {tmp_path / 'c'} holds no run to resume; ")
+    assert compare_main(flags) == 0
+    capsys.readouterr()
+    assert compare_main([*flags[:-4], "--seeds", "0,1", "--experiment", "c", "--resume"]) == 0  # seed 1 starts
+    assert (tmp_path / "c" / "backprop" / "seed1" / "result.json").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--run-name", ""], "--run-name is empty; give a folder name, or leave it out for the default"),
+    (["--experiment", ""], "--experiment is empty; give a folder name, or leave it out for the default"),
+    (["--run-name", "a" * 300], "--run-name has a folder name of 300 bytes, over the file system's 255; choose a "
+                                "shorter --run-name"),
+    (["--experiment", "x/" + "é" * 200], "--experiment has a folder name of 400 bytes, over the file system's 255"),
+    (["--seeds", "0,"], "--seeds has an empty item (a trailing or doubled comma): '0,'"),
+    (["--trainers", "backprop,,fa"], "--trainers has an empty item (a trailing or doubled comma)"),
+    (["--trainers", "highway:k=2:k=3"], "--trainers highway:k=2:k=3 gives k twice (k=2 and k=3); give it once"),
+    (["--target", "1.5"], "--target is a validation accuracy, in (0, 1]; got 1.5"),
+])
+def test_bad_names_lists_and_targets_are_one_line_before_anything_is_written(tmp_path, capsys, flags, message):
+    command = compare_main if any(f in flags for f in ("--seeds", "--trainers", "--target")) else train_main
+    assert command([*TINY, "--logdir", str(tmp_path), *flags]) == 2
+    assert message in one_line_error(capsys)
+    assert not any(tmp_path.iterdir())

@@ -28,7 +28,7 @@ from trainers.experiments.recipes import recipe_for
 from trainers.run.config import TrainConfig
 from trainers.run.memory import check_fits
 from trainers.run.notes import note_once
-from trainers.run.rundir import note
+from trainers.run.rundir import check_folder_name, note
 
 __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_threads_flag", "add_settings_flag",
            "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs", "mlp_trainers", "join_job",
@@ -106,6 +106,12 @@ def _model_value(name, text):
     return text
 
 
+def _resume_value(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"takes no value or 'auto', got {text!r}")
+    return text
+
+
 def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """Flags shared by train and compare: task, model, training options, engine options."""
     epilog = (f"trainers: {', '.join(available())}\n"
@@ -140,7 +146,9 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     parser.add_argument("--epochs", type=int, default=10, help="training epochs (default: 10)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (overrides --epochs)")
     parser.add_argument("--logdir", default="runs", help="root of the TensorBoard runs (default: runs)")
-    parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+    parser.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_value, metavar="auto",
+                        help="continue the run from its last checkpoint (refused where no run is); --resume auto: "
+                             "continue it where there is one, start it where there is none (job schedulers)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
     parser.add_argument("--run-name", default=None,
                         help="run folder under the experiment (default: the trainer's name; one trainer only)")
@@ -375,6 +383,9 @@ def check_run_flags(args) -> None:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1 (the run must have at least one step), got {args.steps}")
     check_seed(args.split_seed, "--split-seed")
+    for what in ("experiment", "run_name"):  # the folder names, before anything is built
+        if getattr(args, what, None) is not None:
+            check_folder_name(what, getattr(args, what))
     for seed in int_list(getattr(args, "seeds", None) or "", "--seeds", unique=True):
         check_seed(seed, "--seeds")
     if getattr(args, "tune_seed", None) is not None:
@@ -392,6 +403,8 @@ def add_settings_flag(parser, default: str) -> None:
 
 def int_list(text: str, flag: str, minimum: int | None = None, unique: bool = False) -> list[int]:
     """``"8,32"`` -> [8, 32]; ``flag`` names the option in errors."""
+    if text.strip() and any(not p.strip() for p in text.split(",")):
+        raise ConfigError(f"{flag} has an empty item (a trailing or doubled comma): {text!r}")
     try:
         values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
@@ -412,6 +425,8 @@ def trainer_runs(text: str) -> dict[str, tuple[str, dict]]:
     separated; returns run name -> (trainer, its options), the run named ``highway-k1``."""
     runs: dict[str, tuple[str, dict]] = {}
     for item in (t.strip() for t in text.split(",")):
+        if not item and text.strip():
+            raise ConfigError(f"--trainers has an empty item (a trailing or doubled comma): {text!r}")
         if not item:
             continue
         trainer, *options = item.split(":")

@@ -25,7 +25,7 @@ from trainers.core.errors import (
 from trainers.core.options import options_from_args
 from trainers.core.threads import set_threads
 from trainers.experiments.budget import BUDGETS, reference_trainer
-from trainers.experiments.compare import refuse_taken, run_comparison
+from trainers.experiments.compare import check_resumable, check_target, refuse_taken, run_comparison
 from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
 from trainers.run.config import TrainConfig
 from trainers.run.rundir import note
@@ -110,6 +110,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
             probe = build_from_args(args, "backprop", seeds[0])
+            check_target(args.target, probe.task.metric_name)  # before the note on the trainers
             found, refused = trainers_for(probe.model, probe.task)
             if refused and here.is_main:
                 note(f"compared {', '.join(found)}: every trainer this model allows; left out: "
@@ -118,7 +119,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         else:
             runs = trainer_runs(args.trainers)
         names = list(runs)
-        experiment = args.experiment or default_experiment(
+        experiment = args.experiment if args.experiment is not None else default_experiment(
             "compare", args, parser, name_model=model_given(argv), trainers=None if args.trainers is None else names)
         if args.run_name is not None and len(names) != 1:
             raise ConfigError("--run-name names the run of a single trainer; give one trainer with --trainers")
@@ -131,8 +132,10 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         reference_trainer(names, args.reference)  # an unknown reference fails before any work
         if args.tune and any(options for _, options in runs.values()):
             raise ConfigError("--tune searches each trainer's settings; list trainers without options with it")
+        if args.resume is True:  # before the first trial: a comparison resumed must have begun
+            check_resumable(args.logdir, experiment)
         if args.tune and not (args.resume or args.overwrite):  # before the first trial, not after all of them
-            refuse_taken(args.logdir, experiment, [args.run_name or n for n in names], seeds)
+            refuse_taken(args.logdir, experiment, [n if args.run_name is None else args.run_name for n in names], seeds)
         tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
         out = run_comparison(lambda t, s: build_from_args(args, runs[t][0], s, args.settings, tuned.get(t),
                                                           runs[t][1]), names, seeds,

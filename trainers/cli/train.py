@@ -56,11 +56,11 @@ def train_main(argv=None, prog: str | None = None) -> int:
         if unused and here.is_main:
             note(f"{', '.join(unused)} {'is an option' if len(unused) == 1 else 'are options'} of another trainer, "
                  f"unused by '{args.trainer}'")
-        experiment = args.experiment or default_experiment("train", args, parser)
+        experiment = args.experiment if args.experiment is not None else default_experiment("train", args, parser)
+        run_name = default_run_name(args, args.trainer) if args.run_name is None else args.run_name
         trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, logdir=args.logdir,
-                          experiment=experiment, run_name=args.run_name or default_run_name(args, args.trainer),
-                          overwrite=args.overwrite,
-                          meta=setup.meta, settings=setup.settings)
+                          experiment=experiment, run_name=run_name, overwrite=args.overwrite, meta=setup.meta,
+                          settings=setup.settings)
         report = trainer.fit(epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
                              allow_changes=list(options_from_args(args, TrainConfig)))  # says what it kept
         with stage(f"after the run finished: its results are in {trainer.run_dir}"):

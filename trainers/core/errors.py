@@ -133,9 +133,13 @@ USER_ERRORS = (ConfigError, IncompatibleModelError, ModelConfigError, DataError,
 
 _COMMAND_LINE = contextvars.ContextVar("command_line", default=False)
 
+# flags spelled otherwise than their option's name
+_FLAG_SPELLING = {"resume_auto": "--resume auto"}
+
 # how the Python API spells the advice the command line gives as flags
 _PYTHON_SPELLING = {
     "resume": "fit(resume=True)",
+    "resume_auto": "fit(resume='auto')",
     "overwrite": "Trainer(..., overwrite=True)",
     "run_name": "Trainer(..., run_name=...)",
     "experiment": "Trainer(..., experiment=...)",
@@ -163,7 +167,7 @@ def on_command_line() -> bool:
 def spell(name: str) -> str:
     """Option ``name`` as the user sets it: ``--kebab-case`` on the command line, else its Python spelling."""
     if on_command_line():
-        return "--" + name.replace("_", "-")
+        return _FLAG_SPELLING.get(name, "--" + name.replace("_", "-"))
     return _PYTHON_SPELLING.get(name, name)
 
 

@@ -130,11 +130,13 @@ def as_dict(options) -> dict:
 def parse_key_values(items, what: str) -> dict:
     """["n_train=4096", "flatten=False"] -> {"n_train": 4096, "flatten": False}
     (Python literals, else strings); ``what`` names the flag in the error."""
-    options = {}
+    options: dict = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"{what} expects KEY=VALUE, got {item!r}")
+        if key in options:
+            raise ConfigError(f"{what} gives {key} twice ({key}={options[key]!r} and {item}); give it once")
         try:
             options[key] = ast.literal_eval(text)
         except (ValueError, SyntaxError):

@@ -26,10 +26,10 @@ from trainers.experiments.step_timing import ROUNDS, other_threads, time_steps
 from trainers.experiments.summary import model_text, write_summary
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.hparams import write_experiment_config
-from trainers.run.rundir import RESULT, RunDirectory, run_path
+from trainers.run.rundir import RESULT, RunDirectory, holds_any_run, nothing_to_resume, run_path
 from trainers.run.trainer import Trainer, steps_per_epoch
 
-__all__ = ["run_comparison", "refuse_taken", "compatible"]
+__all__ = ["run_comparison", "refuse_taken", "compatible", "check_resumable", "check_target"]
 
 
 def refuse_taken(logdir, experiment: str, runs: list[str], seeds: list[int]) -> None:
@@ -78,9 +78,12 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
         raise ConfigError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
     ref = reference_trainer(trainers, reference)
     setups = {(t, s): build(t, s) for t in trainers for s in seeds}
+    check_target(target, next(iter(setups.values())).task.metric_name)
     out_dir = Path(logdir) / experiment
+    if resume is True:
+        check_resumable(logdir, experiment)
     if not (resume or overwrite):  # nothing finished is replaced, and the refusal comes before any training
-        refuse_taken(logdir, experiment, [run_name or t for t in trainers], seeds)
+        refuse_taken(logdir, experiment, [t if run_name is None else run_name for t in trainers], seeds)
     here = DataParallel()
     first = setups[(ref, seeds[0])].config
     speak = first.progress and here.is_main
@@ -126,12 +129,14 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
 
     with stage(lambda: f"while building the runs, after the step timing: {kept()}"):
         trainer_objs.update({key: Trainer(s.model, s.engine, s.task, config=s.config, logdir=logdir,
-                                          experiment=experiment, run_name=run_name or key[0], overwrite=overwrite,
-                                          meta=s.meta, settings=s.settings, timing=timing["trainers"][key[0]])
+                                          experiment=experiment, run_name=key[0] if run_name is None else run_name,
+                                          overwrite=overwrite, meta=s.meta, settings=s.settings,
+                                          timing=timing["trainers"][key[0]])
                              for key, s in setups.items()})
     with stage(lambda: f"between the comparison's runs: {kept()}"):  # a run's own interruption says its step
         for (name, seed), trainer in trainer_objs.items():
-            failure = _run_or_record(trainer, name, seed, resume=resume, allow_changes=allow_changes, **lengths[name])
+            failure = _run_or_record(trainer, name, seed, resume="auto" if resume else False,
+                                     allow_changes=allow_changes, **lengths[name])
             failures += [failure] if failure else []
             write_record()
     task = next(iter(setups.values())).task
@@ -146,6 +151,21 @@ def run_comparison(build, trainers: list[str], seeds: list[int], *, logdir, expe
         plot_comparison({run: [r["history"] for r in seeds] for run, seeds in results.items()}, task.metric_name,
                         out_dir / "comparison.png", title=title)
     return {"results": results, "table": table, "dir": out_dir, "failures": failures, "comparison": record}
+
+
+def check_target(target: float | None, metric: str) -> None:
+    """The time-to-target table's ``target`` is a value the validation ``metric`` can take."""
+    if target is not None and not (0 < target <= 1 if metric == "accuracy" else target >= 1):
+        raise ConfigError(f"{spell('target')} is a validation {metric}, "
+                          f"{'in (0, 1]' if metric == 'accuracy' else 'at least 1'}; got {target}")
+
+
+def check_resumable(logdir, experiment: str) -> None:
+    """A comparison resumed (``resume=True``) must have begun: a run, a tuning trial or its step timing
+    (``comparison.json``) in its folder; then each of its runs resumes where it is and starts where it is not."""
+    out_dir = Path(logdir) / experiment
+    if not ((out_dir / COMPARISON_FILE).is_file() or holds_any_run(out_dir)):
+        raise ConfigError(nothing_to_resume(out_dir))
 
 
 def _say(line: str) -> None:

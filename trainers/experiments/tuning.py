@@ -125,7 +125,7 @@ def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdi
                       meta=setup.meta, settings={**setup.settings, "trial": values}, evaluate_test=False)
         trial = {"trainer": trainer, "values": values, "best_val": None, "best_step": None}
         try:
-            report = run.fit(epochs=epochs, steps=steps, resume=resume)
+            report = run.fit(epochs=epochs, steps=steps, resume="auto" if resume else False)  # trials not begun start
             trial.update(best_val=report["best_val"], best_step=report["best_step"])
         except NonFiniteLossError as err:  # a diverged trial is a result, not the end of the search
             trial["diverged"] = str(err)

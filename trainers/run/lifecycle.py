@@ -38,7 +38,7 @@ __all__ = ["open_run", "start", "open_logger", "run_failure", "write_failure", "
            "write_result"]
 
 
-def open_run(trainer, resume: bool, total: int, allow_changes):
+def open_run(trainer, resume: bool | str, total: int, allow_changes):
     """Rank 0: ``RunDirectory.open``'s verdict, or the error that stops the run before it starts."""
     if trainer.files is None:
         return "fresh", None

@@ -40,10 +40,12 @@ from trainers.run.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, s
 from trainers.run.notes import note  # re-exported: callers have said note from here since before notes.py
 from trainers.run.records import read_record
 
-__all__ = ["RunDirectory", "run_path", "check_resume", "FIXED", "CHANGEABLE", "note"]
+__all__ = ["RunDirectory", "run_path", "check_folder_name", "holds_any_run", "nothing_to_resume", "check_resume",
+           "FIXED", "CHANGEABLE", "note"]
 
 CHECKPOINT, PREVIOUS, LOCK = "checkpoint.pt", "checkpoint.prev.pt", ".lock"
 RESULT, METRICS, FAILED = "result.json", "metrics.jsonl", "failed.json"
+NAME_MAX = 255  # bytes in one folder name on Linux's and macOS's file systems
 RUN_FILES = (CHECKPOINT, PREVIOUS, METRICS, RESULT, FAILED)
 
 FIXED = ("optimizer", "seed", "dtype", "precision", "schedule")
@@ -63,14 +65,53 @@ def _remove_empty(folders) -> None:
             return
 
 
+def holds_any_run(folder: Path) -> bool:
+    """Whether a run left its records anywhere below ``folder`` (an experiment: its runs and tuning trials)."""
+    return folder.is_dir() and any(RunDirectory(found.parent).holds_run()
+                                   for name in (METRICS, CHECKPOINT) for found in folder.rglob(name))
+
+
+def nothing_to_resume(experiment: Path, run: str | None = None) -> str:
+    """The refusal of a resume where no run is (in ``experiment``, or its ``run`` folder, e.g. ``fa/seed0``): the
+    experiments of the same command beside it that hold one, what differs in their names (the flags that name
+    an experiment), and the ways on."""
+    ours = experiment.name.split("-")
+    similar = []
+    for there in sorted(p for p in experiment.parent.iterdir() if p.is_dir() and p != experiment) \
+            if experiment.parent.is_dir() else []:
+        theirs = there.name.split("-")
+        if theirs[0] != ours[0] or not (RunDirectory(there / run).holds_run() if run else holds_any_run(there)):
+            continue
+        only_there, only_here = [t for t in theirs if t not in ours], [t for t in ours if t not in theirs]
+        similar.append((len(only_there) + len(only_here),
+                        f"{there.name} ({', '.join(only_there) or '-'} there, {', '.join(only_here) or '-'} here)"))
+    found = f"; the same {'run' if run else 'command'} with other flags: " \
+            f"{'; '.join(text for _, text in sorted(similar)[:3])}" if similar else ""
+    return (f"{experiment / run if run else experiment} holds no run to resume{found}; give the flags of the run to "
+            f"continue, leave out {spell('resume')} to start this one, or use {spell('resume_auto')} (resume where a "
+            f"run is, start where none is: job schedulers)")
+
+
+def check_folder_name(what: str, name: str) -> None:
+    """``experiment`` or ``run_name`` ``what``: a relative path inside the log directory, not empty, without '.' or
+    '..' parts, each part within the file system's length."""
+    if not name:
+        raise ConfigError(f"{spell(what)} is empty; give a folder name, or leave it out for the default")
+    parts = Path(name).parts  # "." and "a/." lose their "." here: a name must keep a part of its own
+    if not parts or Path(name).is_absolute() or any(p in ("..", ".") for p in name.split("/")) \
+            or "\0" in name:
+        raise ConfigError(f"{spell(what)} must be a relative path inside the log directory without '.' or "
+                          f"'..' parts, got {name!r}")
+    longest = max(len(part.encode("utf-8", "surrogatepass")) for part in parts)
+    if longest > NAME_MAX:
+        raise ConfigError(f"{spell(what)} has a folder name of {longest} bytes, over the file system's "
+                          f"{NAME_MAX}; choose a shorter {spell(what)}")
+
+
 def run_path(logdir, experiment: str, run_name: str, seed: int) -> Path:
     """``<logdir>/<experiment>/<run_name>/seed<seed>``; names are relative paths that stay inside ``logdir``."""
     for what, name in (("experiment", experiment), ("run_name", run_name)):
-        parts = Path(name).parts  # "." and "a/." lose their "." here: a name must keep a part of its own
-        if not name or not parts or Path(name).is_absolute() or any(p in ("..", ".") for p in name.split("/")) \
-                or "\0" in name:
-            raise ConfigError(f"{spell(what)} must be a relative path inside the log directory without '.' or "
-                              f"'..' parts, got {name!r}")
+        check_folder_name(what, name)
     for what, name in (("logdir", str(logdir)), ("experiment", experiment), ("run_name", run_name)):
         try:
             name.encode("utf-8")
@@ -164,12 +205,21 @@ class RunDirectory:
         """The finished run's ``result.json`` (None if it has not finished, or the file is damaged: noted)."""
         return read_record(self.path / RESULT) if (self.path / RESULT).exists() else None
 
-    def open(self, *, resume: bool, overwrite: bool, total: int, identity: dict, config: dict, shapes: dict,
+    def open(self, *, resume: bool | str, overwrite: bool, total: int, identity: dict, config: dict, shapes: dict,
              allow_changes=()):
         """Take the lock and decide how the run of ``total`` steps starts (``check_resume`` has the arguments):
         ``("fresh", None)`` (earlier files cleared), ``("resume", (checkpoint, changes))``, or ``("done", report)``
         for a finished run resumed with no more steps. Raises why it may not start."""
-        self.acquire()
+        nothing = resume is True and not self.holds_run()
+        if nothing and not self.path.exists():  # before the lock: a refusal makes no folder
+            raise ConfigError(nothing_to_resume(self.path.parent.parent, f"{self.path.parent.name}/{self.path.name}"))
+        fresh_lock = not (self.path / LOCK).exists()
+        self.acquire()  # a planted lock link is refused first
+        if nothing:
+            self.release()
+            if fresh_lock:
+                (self.path / LOCK).unlink(missing_ok=True)
+            raise ConfigError(nothing_to_resume(self.path.parent.parent, f"{self.path.parent.name}/{self.path.name}"))
         for name in RUN_FILES:  # a file is replaced by a rename, which cannot replace a directory
             if (self.path / name).is_dir() and not (self.path / name).is_symlink():
                 raise ConfigError(f"{self.path / name} is a directory, not a file: the run cannot write its {name} "
@@ -185,6 +235,8 @@ class RunDirectory:
                 return "resume", (state, changes)
             if self.holds_run():
                 note(f"{self.path} has no checkpoint yet (the run stopped before its first one); starting it afresh")
+            else:
+                note(f"{self.path} holds no run yet; {spell('resume_auto')} starts it")
         elif self.holds_run() and not overwrite:
             raise ConfigError(f"{self.path} already holds a run; {spell('resume')} continues it, another "
                               f"{spell('run_name')} or {spell('experiment')} starts a new run beside it, "

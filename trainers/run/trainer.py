@@ -153,7 +153,7 @@ class Trainer:
         self.timing = timing
         # rows of the periodic validations (None: the whole split)
         self.eval_rows = eval_subset(len(task.val), cfg.eval_batches, cfg.eval_batch_size)
-        self.run_name = run_name or engine.name
+        self.run_name = engine.name if run_name is None else run_name
         self.run_dir = run_path(logdir, experiment, self.run_name, cfg.seed) if logdir is not None else None
         self.files = RunDirectory(self.run_dir) if self.run_dir is not None else None  # lock, checkpoints
         self.meta = {"model": type(model).__name__, **(meta or {})}  # how the model was built, for the record
@@ -325,13 +325,14 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------- training
-    def fit(self, *, epochs: int | None = None, steps: int | None = None, resume: bool = False,
+    def fit(self, *, epochs: int | None = None, steps: int | None = None, resume: bool | str = False,
             allow_changes=()) -> dict:
         """Train for ``epochs`` or ``steps`` (one of them); returns the final report.
 
         The run directory is locked for the whole call (one writer per run). ``resume=True``
-        continues from the run directory's newest readable checkpoint if there is one (and
-        starts afresh otherwise), reproducing the uninterrupted run; a finished run is
+        continues from the run directory's newest readable checkpoint, reproducing the uninterrupted run (a run
+        killed before its first checkpoint starts afresh; a directory with no run is refused, naming the runs of
+        other flags beside it); ``resume="auto"`` starts a run where there is none; a finished run is
         returned as it is. The checkpoint must come from the same trainer, options, task
         and model; ``allow_changes`` names the options of ``rundir.CHANGEABLE`` (such as
         ``"lr"``) that may differ from it, applied from the resumed step on and recorded
