@@ -5,10 +5,11 @@
 #   usage: scripts/dsf_bench.sh DEVICE OUTDIR [more scripts/bench.py flags]
 # One Markdown table per run in OUTDIR (recurrent_<precision>_depth<k>.md, scan.md).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 device=${1:-cpu}
 out=${2:-bench_out/dsf}
 shift 2 || true
-py=${PYTHON:-python}
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}  # the project's environment
 tmp=$(mktemp -d)
 mkdir -p "$out"
 precisions=$([ "$device" = cpu ] && echo fp32 || echo "tf32 fp32")
@@ -25,3 +26,4 @@ $py scripts/bench.py --suite scan --device "$device" --out "$tmp/s" "$@" >/dev/n
 cp "$tmp/s/bench.md" "$out/scan.md"
 cat "$out/scan.md"
 rm -rf "$tmp"
+echo "tables in $out"

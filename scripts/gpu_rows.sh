@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench_out/gpu_rows}
-py=${PYTHON:-python}
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}  # the project's environment
 mkdir -p "$out"
 : > "$out/times.txt"
 if [ "${DRY_RUN:-0}" = 1 ]; then

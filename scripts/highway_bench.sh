@@ -6,10 +6,11 @@
 #   usage: scripts/highway_bench.sh DEVICE OUTDIR [more scripts/bench.py flags]
 # One Markdown table per run in OUTDIR (gru_<precision>_T<length>.md, residual_<precision>.md).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 device=${1:-cpu}
 out=${2:-bench_out/highway}
 shift 2 || true
-py=${PYTHON:-python}
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}  # the project's environment
 batch=${BATCH:-128}
 tmp=$(mktemp -d)
 mkdir -p "$out"
@@ -29,3 +30,4 @@ for precision in $precisions; do
   cat "$out/residual_${precision}.md"
 done
 rm -rf "$tmp"
+echo "tables in $out"

@@ -100,6 +100,7 @@ def untouched(model: nn.Module | None, *data: Any, what: str = "the operation") 
     """Fail (AssertionError naming each tensor) if anything inside writes ``data``, ``model``'s parameters
     (outside ``.grad``) or its buffers besides those the model's own forward updates (module docstring)."""
     given = _record([t for i, value in enumerate(data) for t in _tensors(value, f"data[{i}]")])
+    model = model if isinstance(model, nn.Module) else None  # a bad argument the operation refuses itself
     params = _record(list(model.named_parameters()) if model is not None else [])
     buffers = _record(list(model.named_buffers()) if model is not None else [])
     modes = {name: m.training for name, m in model.named_modules()} if model is not None else {}

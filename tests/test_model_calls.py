@@ -533,3 +533,35 @@ def test_a_required_targets_keyword_among_several_is_not_read_as_a_state():
 
     model = models.declare_call(Required(), targets="labels+shift_labels")
     assert models.adapters.calling.describe(model) == "model(inputs, labels=targets, shift_labels=targets)"
+
+
+class UntrainableLossLM(ShiftingLM):
+    """Its own loss made untrainable: detached, constant in the parameters, or not finite."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, tokens, labels=None, shift_labels=None):
+        out = super().forward(tokens, labels, labels if shift_labels is None else shift_labels)
+        if out["loss"] is not None:
+            out["loss"] = {"detached": out["loss"].detach(), "constant": out["logits"].sum() * 0 + 2.0,
+                           "nan": out["loss"] * float("nan")}[self.how]
+        return out
+
+
+@pytest.mark.parametrize("mode", ["model", "own"])
+@pytest.mark.parametrize("how, said", [("detached", "has no gradient on the first batch (detached from the graph)"),
+                                       ("constant", "has no gradient on the first batch (constant in every parameter)"),
+                                       ("nan", "the model's own loss is nan on the first batch")])
+def test_an_own_loss_that_cannot_train_is_refused_before_the_run_in_the_mode_declared(tmp_path, how, said, mode):
+    import tasks
+
+    task = tasks.build("copy", n_train=16, n_val=8, n_test=8, delay=2, length=3)
+    model = models.declare_call(UntrainableLossLM(how).double(), loss=mode)
+    model.embed, model.head = nn.Embedding(int(task.train.inputs.max()) + 1, E).double(), \
+        nn.Linear(E, task.num_outputs).double()
+    with pytest.raises(trainers.ConfigError) as refused:
+        trainers.Trainer(model, trainers.build_engine("backprop"), task, dtype="float64", logdir=tmp_path)
+    assert str(refused.value).startswith(f"model call: loss={mode}, but ") and said in str(refused.value)
+    assert "\n" not in str(refused.value) and not any(tmp_path.iterdir())

@@ -175,3 +175,19 @@ def test_a_shape_mismatch_of_the_same_size_is_not_blamed_on_missing_targets():
     with pytest.raises(models.ModelConfigError, match="a head that ends at another output") as err:
         models.residual_stack(net, stem=net.stem, blocks=[net.block], head=net.head)(torch.randn(5, 4).double())
     assert "call the stack with (inputs, targets)" not in str(err.value)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: models.residual_stack(nn.Linear(3, 3), example=torch.zeros(0, 3)),
+     "residual_stack: the example is empty (shape (0, 3)); give a batch of at least one input"),
+    (lambda: models.residual_stack(nn.Linear(3, 3), example=torch.zeros(0)),
+     "residual_stack: the example is empty (shape (0,))"),
+    (lambda: models.residual_stack(lambda x: x, example=torch.zeros(2, 3)),
+     "residual_stack needs a torch.nn.Module, got a function"),
+    (lambda: models.declare_call(lambda x: x, loss="own"), "declare_call needs a torch.nn.Module, got a function"),
+    (lambda: models.declare_call(nn.Linear(3, 3), los="own"), "declare_call has no field los; its fields: "),
+])
+def test_the_python_apis_bad_arguments_are_the_projects_one_line_errors(call, message):
+    with pytest.raises(models.ModelConfigError) as refused:
+        call()
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)

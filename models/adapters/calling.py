@@ -125,7 +125,14 @@ class CallResult:
 
 def declare_call(model: nn.Module, call: ModelCall | None = None, **fields: Any) -> nn.Module:
     """Declare how ``model`` is called (a ``ModelCall``, or its fields); returns ``model``. Stored on the
-    model (not a Parameter, not in its state_dict), so every engine and the Trainer read it."""
+    model (not a Parameter, not in its state_dict), so every engine and the Trainer read it. A model that is not
+    an ``nn.Module``, or a field ``ModelCall`` does not have, is refused in one line (``ModelConfigError``)."""
+    if not isinstance(model, nn.Module):
+        raise ModelConfigError(f"declare_call needs a torch.nn.Module, got a {type(model).__name__}")
+    known = [f.name for f in dataclasses.fields(ModelCall)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ModelConfigError(f"declare_call has no field {', '.join(unknown)}; its fields: {', '.join(known)}")
     if call is None:
         call = ModelCall(**fields)
     elif fields:
@@ -247,7 +254,7 @@ def read_output(value: Any) -> torch.Tensor:
                            f"object with .logits; {_hint('output')}")
 
 
-def _find_loss(value: Any, output: torch.Tensor) -> torch.Tensor:
+def _find_loss(value: Any, output: torch.Tensor, mode: str) -> torch.Tensor:
     """The model's own loss: a 0-d tensor of a tuple other than the output, or ``loss`` of a dict or object."""
     if isinstance(value, (tuple, list)):
         found = [v for v in value if isinstance(v, torch.Tensor) and v.dim() == 0 and v is not output]
@@ -256,7 +263,7 @@ def _find_loss(value: Any, output: torch.Tensor) -> torch.Tensor:
     else:
         found = [value.loss] if isinstance(getattr(value, "loss", None), torch.Tensor) else []
     if len(found) != 1 or found[0].dim() != 0:
-        raise ModelConfigError(f"model call: loss=model, but the forward returns no single scalar loss "
+        raise ModelConfigError(f"model call: loss={mode}, but the forward returns no single scalar loss "
                                f"(a {type(value).__name__}); with targets passed by keyword it should")
     return found[0]
 
@@ -333,7 +340,7 @@ def _result(call: ModelCall, value: Any, targets: torch.Tensor | None) -> tuple[
         outputs = read_output(value) if call.output == "auto" else _pick(value, call.output, "output")
         if not isinstance(outputs, torch.Tensor):
             raise ModelConfigError(f"model's output {call.output!r} is a {type(outputs).__name__}, not a tensor")
-    loss = _find_loss(value, outputs) if call.loss != "task" and targets is not None else None
+    loss = _find_loss(value, outputs, call.loss) if call.loss != "task" and targets is not None else None
     return outputs, loss
 
 
@@ -386,7 +393,7 @@ def forward_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         return result.outputs, loss_fn(result.outputs, targets)
     plan = _plan(model)
     if not plan.checked:
-        plan.checked.append(check_own_loss(result.loss, result.outputs, targets, loss_fn))
+        plan.checked.append(check_own_loss(result.loss, result.outputs, targets, loss_fn, model_call(model).loss))
     return result.outputs, result.loss
 
 
@@ -430,7 +437,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str | None:
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mode: str = "model") -> str | None:
     """Compare a model's own loss with the task's loss ``loss_fn(outputs, targets)`` of its outputs: refuse (one
     line) what is known to be wrong, return how far anything else is (None: the same).
 
@@ -440,11 +447,17 @@ def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tens
     auxiliary term that does not read them, as a mixture-of-experts router's, leaves as it is) or, with no
     gradient to compare, in value: at initialisation it is within 1e-3 of the right loss in value, but its
     gradient points at the token after next (relative difference ~sqrt(2)). Anything else differs legitimately
-    (an auxiliary loss, label smoothing, a regulariser): the returned words say by how much."""
+    (an auxiliary loss, label smoothing, a regulariser): the returned words say by how much. A loss that is not
+    finite is refused (nothing trains on it). ``mode``: how the loss was declared (``model`` or ``own``), as the
+    refusals say it."""
+    if not bool(torch.isfinite(own.detach()).all()):
+        raise ModelConfigError(f"model call: loss={mode}, but the model's own loss is {float(own.detach())} on the "
+                               f"first batch: nothing can train on it; fix its forward, or use the task's loss "
+                               f"(no loss={mode})")
     try:
         theirs, task_grad = _loss_and_grad(loss_fn, outputs, targets)
     except (RuntimeError, IndexError, ValueError) as err:  # e.g. a model's own ignore index (nanoGPT: -1)
-        raise ModelConfigError(f"model call: loss=model, but the task's loss, which it is compared with, cannot be "
+        raise ModelConfigError(f"model call: loss={mode}, but the task's loss, which it is compared with, cannot be "
                                f"computed on these targets ({one_line(err)})") from None
     mine = float(own.detach())
     tolerance = max(VALUE_RTOL, 16 * torch.finfo(outputs.dtype).eps) if outputs.is_floating_point() else VALUE_RTOL
@@ -462,7 +475,7 @@ def check_own_loss(own: torch.Tensor, outputs: torch.Tensor, targets: torch.Tens
                   and grad is not None else abs(mine - value) <= tolerance * max(abs(value), 1e-12))
         if double:
             raise ModelConfigError(
-                f"model call: loss=model, but the model's own loss {mine:.8g} is the task's loss against targets "
+                f"model call: loss={mode}, but the model's own loss {mine:.8g} is the task's loss against targets "
                 f"shifted once more (the task's loss of its outputs: {theirs:.8g}), on the first batch: a causal LM "
                 f"that shifts `labels` itself (transformers' *ForCausalLM) while the task's targets are already the "
                 f"next tokens, which trains on the token after next. Pass them unshifted: --model-call "

@@ -149,9 +149,14 @@ def residual_stack(model: nn.Module, *, stem: Callable | None = None, blocks: Se
                    ) -> ResidualView | ResidualFound:
     """``model`` as a residual stack for Highway-BP (module docstring): found from ``example`` when no stem,
     blocks and head are given, else declared; returns the view."""
+    if not isinstance(model, nn.Module):
+        raise ModelConfigError(f"residual_stack needs a torch.nn.Module, got a {type(model).__name__}")
     if not 0 <= gamma < 1:
         raise ModelConfigError(f"residual_stack: gamma must be in [0, 1), got {gamma}")
     inputs, targets = example if isinstance(example, tuple) else (example, None)
+    if isinstance(inputs, torch.Tensor) and (inputs.dim() == 0 or inputs.shape[0] == 0 or inputs.numel() == 0):
+        raise ModelConfigError(f"residual_stack: the example is empty (shape {tuple(inputs.shape)}); give a batch of "
+                               f"at least one input")
     if stem is None and blocks is None and head is None:
         if inputs is None:
             raise ModelConfigError("residual_stack: give an example input to find the stem, blocks and head from "

@@ -50,9 +50,11 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
         if model_call(model).loss != "task":
             model.eval()
             try:
-                forward_loss(model, x, targets, task.loss_fn)  # the first use compares it with the task's loss
+                with torch.enable_grad():  # the first use compares it with the task's loss
+                    _, own = forward_loss(model, x, targets, task.loss_fn)
             except ModelConfigError as err:
                 raise ConfigError(str(err)) from None
+            _check_trainable(model, own)
             difference = own_loss_difference(model)
             if difference is not None:
                 note(f"loss=model: {difference}; backprop, DSF, FT-BPTT and Highway-BP over time train on the "
@@ -66,6 +68,19 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
         raise ConfigError(
             f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' expects {expected}{classes}"
         )
+
+
+def _check_trainable(model, own: torch.Tensor) -> None:
+    """A model's own loss must have a gradient with respect to some parameter: one detached from the graph or
+    constant in the parameters trains nothing (refused here, before the run is written, not at step 0)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(own, params, allow_unused=True) if own.requires_grad and params else []
+    if not any(g is not None and bool(g.ne(0).any()) for g in grads):
+        mode = model_call(model).loss
+        why = "detached from the graph" if not own.requires_grad else "constant in every parameter"
+        raise ConfigError(f"model call: loss={mode}, but the model's own loss has no gradient on the first batch "
+                          f"({why}): nothing would train; return a loss computed from the parameters, or use the "
+                          f"task's loss (no loss={mode})")
 
 
 def _called(model) -> str:
