@@ -117,6 +117,10 @@ def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, c
                                      "pepita", "usf"]
     summary = (exp / "summary.md").read_text()
     assert "| backprop | 3 |" in summary and "digits" in summary
+    # the alignment table has the four rules with a per-layer feedback, and says why DFA has no row
+    aligned = summary[summary.index("## Alignment of the feedback"):].split("\n## ")[0]
+    assert "dfa has no row" in aligned and all(f"| {rule} |" in aligned for rule in ("fa", "usf", "brsf", "frsf"))
+    assert "| dfa |" not in aligned
     png = (exp / "comparison.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     for seed in (0, 1, 2):

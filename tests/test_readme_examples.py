@@ -207,14 +207,16 @@ def trained(experiment: str, run: str, steps: int = 2) -> Callable[[Path, str], 
     return check
 
 
-def benched(*trainers_timed: str) -> Callable[[Path, str], None]:
-    """bench.py wrote bench_out/bench.json: rows of every trainer asked for, every number finite."""
+def benched(suite: str, *trainers_timed: str) -> Callable[[Path, str], None]:
+    """bench.py wrote bench_out/<suite>/bench.json (its own folder, said on its last line): rows of every trainer
+    asked for, every number finite."""
 
     def check(cwd: Path, output: str) -> None:
-        rows = json.loads((cwd / "bench_out" / "bench.json").read_text())["rows"]
+        rows = json.loads((cwd / "bench_out" / suite / "bench.json").read_text())["rows"]
         assert rows and all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)), rows
         assert {r["trainer"] for r in rows} >= set(trainers_timed), rows
-        assert (cwd / "bench_out" / "bench.md").read_text() in output
+        assert (cwd / "bench_out" / suite / "bench.md").read_text() in output
+        assert f"\nbench.json and bench.md in bench_out/{suite}\n" in output + "\n"  # stdout's last line
 
     return check
 
@@ -288,7 +290,8 @@ RUNS = [
     Run(r"\.venv/bin/python scripts/compare\.py --trainers backprop --model residual_mlp ",
         comparison("compare-residual_mlp-digits-backprop", "backprop"), COMPARE),
     Run(r"\.venv/bin/python scripts/bench\.py --suite engines ",
-        benched("backprop", "foton", "foton:mode=lowmem"), BENCH + " --depths 2 --widths 16 --batch-size 16"),
+        benched("engines", "backprop", "foton", "foton:mode=lowmem"),
+        BENCH + " --depths 2 --widths 16 --batch-size 16"),
     Run(r"\.venv/bin/python scripts/train\.py --trainer foton --model mlp ",
         trained("train-mlp-depth=32-activation=tanh-orthogonal=bjorck-digits", "foton"), TRAIN),
     Run(r"\.venv/bin/python scripts/train\.py --trainer highway --highway-k 2 --model resnet ",
@@ -296,7 +299,7 @@ RUNS = [
     Run(r"\.venv/bin/python scripts/table\.py runs/highway-digits --plot k\.png$",
         tabled(*MLP_TRAINERS, plot="k.png"), prepare=results_of("compare-digits", "highway-digits")),
     Run(r"\.venv/bin/python scripts/bench\.py --suite residual$",
-        benched("backprop", "highway:k=0,path=batched", "highway:k=10,path=reference"),
+        benched("residual", "backprop", "highway:k=0,path=batched", "highway:k=10,path=reference"),
         BENCH + " --residual-depth 3 --widths 8 --batch-size 8"),
     Run(r"\.venv/bin/python scripts/compare\.py --trainers backprop,ftbptt,dsf --model rnn_lm --task copy ",
         comparison("compare-rnn_lm-hidden=128-vocab_size=10-copy-delay=20-length=5-backprop+ftbptt+dsf",

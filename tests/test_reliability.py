@@ -167,7 +167,11 @@ def test_a_table_of_only_damaged_records_says_they_were_found(tmp_path, capsys, 
     assert len(err) == damaged + 1 and all(" is damaged (" in line for line in err[:-1]), err  # each named once
     (tmp_path / "empty").mkdir()
     assert table_main([str(tmp_path / "empty")]) == 2
-    assert capsys.readouterr().err == f"error: no result.json below {tmp_path / 'empty'}\n"
+    assert capsys.readouterr().err == (f"error: no result.json below {tmp_path / 'empty'} (the runs of "
+                                       f"scripts/compare.py or scripts/train.py write one each)\n")
+    assert table_main([str(tmp_path / "missing")]) == 2  # not there at all: said, with what writes it
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'missing'} does not exist: table.py reads the runs "
+                                              f"that scripts/compare.py and scripts/train.py write")
 
 
 def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsys):

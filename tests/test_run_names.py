@@ -157,3 +157,13 @@ def test_bad_names_lists_and_targets_are_one_line_before_anything_is_written(tmp
     assert command([*TINY, "--logdir", str(tmp_path), *flags]) == 2
     assert message in one_line_error(capsys)
     assert not any(tmp_path.iterdir())
+
+
+def test_compare_help_shows_the_comparisons_own_defaults():
+    """Not train.py's (--epochs 10, --grad-agreement-every 0, --log-axis step): what a flagless compare.py runs."""
+    text = " ".join(compare_parser(["--help"]).format_help().split())
+    for flag, value in (("--epochs EPOCHS", "30"), ("--grad-agreement-every", "10"), ("--log-axis", "samples"),
+                        ("--seeds SEEDS", "0,1,2"), ("--depth", "4")):
+        after = text[text.index(flag + " ", text.index("options:")):]
+        assert f"(default: {value}; the comparison's own)" in after[:after.index(" --", 2)], flag
+    assert "(default: 10)" not in text[text.index("--epochs EPOCHS ", text.index("options:")):][:80]

@@ -2,12 +2,21 @@
 trainer, the test split read by the final runs only, every trial a run."""
 
 import json
+import re
 
 import pytest
 
 from trainers.cli import compare_main
 from trainers.core.errors import ConfigError
-from trainers.experiments.tuning import LR_FACTORS, parse_grid, select, trainer_grid, trial_name
+from trainers.experiments.tuning import (
+    LR_FACTORS,
+    grid_edges,
+    parse_grid,
+    select,
+    trainer_grid,
+    trial_name,
+    tuning_caveats,
+)
 from trainers.run.trainer import Trainer
 
 QUICK = ["--steps", "6", "--eval-every", "2", "--grad-agreement-every", "0", "--progress", "false",
@@ -83,10 +92,13 @@ def test_tune_picks_the_best_validation_setting_and_never_reads_test(tmp_path, m
     test_reads = {run for run, split in evaluated if split == "test"}
     assert test_reads == {str(exp / t / f"seed{s}") for t in ("backprop", "foton") for s in (0, 1)}
     assert any("tuning" in run for run, split in evaluated if split == "val")
-    out = capsys.readouterr().out
-    assert "tuned backprop: lr=0.3" in out and "3 trials on seed 0" in out
+    said = capsys.readouterr()
+    assert re.search(r"tuned backprop: lr=0\.3 \(best val accuracy \S+, 3 trials on seed 0\); 1 stopped: lr=1e\+09 "
+                     r"\(loss is (nan|inf) at step \d+\)\n", said.out), said.out
+    assert re.search(r"note: tuning foton: trial lr=1e\+09 stopped: loss is (nan|inf) at step \d+\n", said.err)
     summary = (exp / "summary.md").read_text()
-    assert "tuned lr=0.3 (3 trials on seed 0, validation split)" in summary
+    assert re.search(r"tuned lr=0\.3 \(3 trials on seed 0, validation split; 1 stopped: lr=1e\+09 \(loss is "
+                     r"(nan|inf) at step \d+\)\)", summary)
 
 
 def test_tune_grid_without_tune_is_refused(tmp_path, capsys):
@@ -94,3 +106,18 @@ def test_tune_grid_without_tune_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tune" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_best_point_on_the_edge_of_its_grid_is_said_with_the_way_to_extend_it():
+    grid = {"lr": [1e-3, 1e-2, 1e-1], "foton.temperature": [1, 4, 8], "optimizer": ["sgd", "adam", "adamw"],
+            "batch_size": [32, 64]}
+    best = {"lr": 0.1, "foton.temperature": 1, "optimizer": "adamw", "batch_size": 64}
+    assert grid_edges(grid, best) == {"lr": "top", "foton.temperature": "bottom"}  # two points: no middle to leave
+    assert grid_edges(grid, {**best, "lr": 1e-2, "foton.temperature": 4}) == {}
+    record = {"best": best, "stopped": {"lr=0.1,temperature=8": "loss is nan at step 7"},
+              "edges": grid_edges(grid, best)}
+    assert tuning_caveats(record) == (
+        "1 stopped: lr=0.1,temperature=8 (loss is nan at step 7); lr=0.1 is the top of its grid: the best may lie "
+        "above, extend --tune-grid lr=... upward; temperature=1 is the bottom of its grid: the best may lie below, "
+        "extend --tune-grid foton.temperature=... downward")
+    assert tuning_caveats({"best": {"lr": 1e-2}, "stopped": {}, "edges": {}}) == ""

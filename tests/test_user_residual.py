@@ -1,6 +1,8 @@
 """A user's residual networks declared with models.residual_stack: a nanoGPT-style Transformer and
 a ResNet-style MLP written with nn.Sequential; in float64, Highway-BP's identities as on the zoo."""
 
+import inspect
+
 import pytest
 import torch
 from helpers import GPT, GPTConfig, engine_grads, relative
@@ -191,3 +193,66 @@ def test_the_python_apis_bad_arguments_are_the_projects_one_line_errors(call, me
     with pytest.raises(models.ModelConfigError) as refused:
         call()
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+class NamedLikeAStack(nn.Module):
+    """Attributes named ``stem``, ``blocks``, ``head`` (as many models name them) whose blocks have no
+    ``branch``/``combine``: not a declaration. ``kinds``: the block classes in order."""
+
+    def __init__(self, kinds):
+        super().__init__()
+        self.stem, self.head = nn.Linear(6, 5), nn.Linear(5, 3)
+        self.blocks = nn.ModuleList(kind() for kind in kinds)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class TanhBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 5))
+
+    def forward(self, h):
+        return h + self.f(h)
+
+
+class SineBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Linear(5, 5)
+
+    def forward(self, h):
+        return h + torch.sin(self.f(h))
+
+
+def test_attributes_named_stem_blocks_head_are_no_declaration_the_stack_is_found_and_checked(tmp_path, capsys):
+    """Only what ``residual_stack`` returns (or a stack as documented) skips discovery: the named attributes are
+    found (exact at k >= L, with the k = 0 contrast); with blocks of two classes alternating, what discovery finds
+    fails its first-batch self-check: one line before a run folder is made, never an AttributeError at step 0."""
+    torch.manual_seed(0)
+    model = NamedLikeAStack([TanhBlock] * 3).double()
+    with pytest.raises(trainers.IncompatibleModelError, match="needs a residual stack"):
+        trainers.build_engine("highway").check(model)
+    x = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (8,), generator=torch.Generator().manual_seed(2))
+    stack = models.residual_stack(model, example=(x, y))
+    assert len(stack.blocks) == 3
+    exact = engine_grads(stack, trainers.build_engine("backprop"), x, y)
+    got = engine_grads(stack, trainers.build_engine("highway", k=3), x, y)
+    assert relative(got, exact) < 1e-10
+    assert relative(engine_grads(stack, trainers.build_engine("highway", k=0), x, y), exact) > 1e-3
+    source = "\n\n".join(inspect.getsource(c) for c in (NamedLikeAStack, TanhBlock, SineBlock))
+    (tmp_path / "named.py").write_text(
+        f"import torch\nfrom torch import nn\n\n{source}\n\nclass Mixed(NamedLikeAStack):\n"
+        "    def __init__(self):\n        super().__init__([TanhBlock, SineBlock, TanhBlock, SineBlock])\n"
+        "        self.stem, self.head = nn.Linear(64, 5), nn.Linear(5, 10)\n")
+    from trainers.cli import train_main
+    code = train_main(["--trainer", "highway", "--model", f"{tmp_path / 'named.py'}:Mixed", "--steps", "1",
+                       "--logdir", str(tmp_path / "runs"), "--progress", "false"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and err[-1].startswith("error: self-check: Highway-BP on the residual stack found ("), err
+    assert "AttributeError" not in err[-1] and not (tmp_path / "runs").exists()

@@ -64,7 +64,8 @@ def bench_main(argv=None, prog: str | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (overhead suite)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.md")
+    parser.add_argument("--out", default=None,
+                        help="folder for bench.json and bench.md (default: bench_out/<suite>, one per suite)")
     add_threads_flag(parser)
     args = parser.parse_args(argv)
 
@@ -82,6 +83,7 @@ def bench_main(argv=None, prog: str | None = None) -> int:
         if not 0.0 <= args.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1), got {args.dropout}")
         check_device(args.device)
+        args.out = args.out or f"bench_out/{args.suite}"
         Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the timing
         with tempfile.NamedTemporaryFile(dir=args.out):  # a read-only --out too
             pass
@@ -149,7 +151,9 @@ def bench_main(argv=None, prog: str | None = None) -> int:
             rows += bench.bench_scan(lengths=sizes["lengths"], batch_size=args.recurrent_batch_size,
                                      width=args.hidden, repeats=max(3, args.steps // 10), device=device)
         command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        earlier = (Path(args.out) / "bench.md").exists()
         print(bench.write_results(rows, args.out, bench.machine_description(device), command.strip()))
+        print(f"bench.json and bench.md in {args.out}{' (replacing the earlier ones)' if earlier else ''}")
 
     return run_cli(main)
 

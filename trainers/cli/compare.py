@@ -26,7 +26,7 @@ from trainers.core.options import options_from_args
 from trainers.core.threads import set_threads
 from trainers.experiments.budget import BUDGETS, reference_trainer
 from trainers.experiments.compare import check_resumable, check_target, refuse_taken, run_comparison
-from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer
+from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer, tuning_caveats
 from trainers.run.config import TrainConfig
 from trainers.run.rundir import note
 
@@ -81,9 +81,14 @@ def compare_parser(argv: list[str], prog: str | None = None):
                             "as TRAINER.OPTION, e.g. --tune-grid foton.temperature=1,4,8; the budget per trainer "
                             "is the product of the dimensions")
     group.add_argument("--tune-seed", type=int, default=None, help="seed of the trials (default: the first seed)")
-    parser.set_defaults(**{k: v for k, v in DEFAULT_COMPARISON.items()
-                           if not (model_given(argv) and k.startswith("model"))})
-    parser.set_defaults(log_axis="samples")  # TensorBoard's step: samples seen, so batch sizes overlay
+    defaults = {k: v for k, v in DEFAULT_COMPARISON.items() if not (model_given(argv) and k.startswith("model"))}
+    defaults["log_axis"] = "samples"  # TensorBoard's step: samples seen, so batch sizes overlay
+    parser.set_defaults(**defaults)
+    for action in parser._actions:  # --help shows the comparison's own defaults, not train.py's
+        if action.dest in defaults and action.help:
+            said = f"(default: {defaults[action.dest]}; the comparison's own)"
+            action.help = re.sub(r"\(default: [^)]*\)", said, action.help) if "(default:" in action.help \
+                else f"{action.help} {said}"
     return parser
 
 
@@ -178,9 +183,12 @@ def tune_all(args, names: list[str], seeds: list[int], experiment: str, here) ->
                               t, trainer_grid(grid, t, base[t].config.lr), seed, logdir=args.logdir,
                               experiment=experiment, epochs=None if args.steps else args.epochs, steps=args.steps,
                               resume=args.resume)
-        records[t] = {"values": record["best"], "grid": record["grid"], "budget": record["budget"], "seed": seed}
+        records[t] = {"values": record["best"], "grid": record["grid"], "budget": record["budget"], "seed": seed,
+                      "stopped": record["stopped"], "edges": record["edges"]}
         if here.is_main:
+            caveats = tuning_caveats(record)
             print(f"tuned {t}: {trial_name(record['best'])} (best val {record['metric']} "
-                  f"{record['best_val'][record['metric']]:.4f}, {record['budget']} trials on seed {seed})")
+                  f"{record['best_val'][record['metric']]:.4f}, {record['budget']} trials on seed {seed})"
+                  f"{'; ' + caveats if caveats else ''}")
     return records
 

@@ -49,9 +49,12 @@ def table_main(argv=None, prog: str | None = None) -> int:
 
 def _nothing_to_table(root) -> str:
     """Why no row came from ``root``: no result.json at all, none readable (each was noted), or only tuning trials'."""
+    if not Path(root).exists():
+        return (f"{root} does not exist: table.py reads the runs that scripts/compare.py and scripts/train.py write "
+                f"(under their --logdir, default runs/); run them first, or point at the folder they wrote")
     paths = sorted(Path(root).rglob("result.json"))
     if not paths:
-        return f"no result.json below {root}"
+        return f"no result.json below {root} (the runs of scripts/compare.py or scripts/train.py write one each)"
     found = f"found {len(paths)} result.json file{'s' if len(paths) > 1 else ''} below {root}"
     if not read_records(paths):  # read once already: the damaged ones were named then, and are not again
         return f"{found}, but none could be read (each is named above); rerun those runs, or point at another folder"

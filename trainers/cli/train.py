@@ -29,7 +29,8 @@ def train_parser(prog: str | None = None):
     """The flags of ``train``."""
     parser = base_parser("Train a zoo model (or your own, --model FILE.py:CLASS) on a task with one gradient engine.",
                          prog)
-    parser.add_argument("--trainer", default="backprop", help=f"gradient engine: {', '.join(available())}")
+    parser.add_argument("--trainer", default="backprop",
+                        help=f"gradient engine: {', '.join(available())} (default: backprop)")
     parser.add_argument("--experiment", default=None,
                         help="experiment folder under --logdir (default: train-<model>-<task> and what else makes "
                              "the experiment different, trainers/cli/names.py)")

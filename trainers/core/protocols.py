@@ -30,7 +30,8 @@ import torch.nn as nn
 
 from trainers.core.errors import IncompatibleModelError
 
-__all__ = ["refusal", "LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards"]
+__all__ = ["refusal", "LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards",
+           "is_residual_stack"]
 
 
 @runtime_checkable
@@ -48,6 +49,20 @@ class ResidualStack(Protocol):
     stem: Callable[[torch.Tensor], torch.Tensor]
     blocks: Sequence[nn.Module]  # each with branch(h) -> z and an element-wise combine(h, z) -> h'
     head: Callable[[torch.Tensor], torch.Tensor]
+
+
+def is_residual_stack(model) -> bool:
+    """Whether ``model`` is a residual stack as documented, not only by its attributes' names: callable ``stem`` and
+    ``head``, and ``blocks`` a non-empty sequence of modules each with callable ``branch`` and ``combine`` (a
+    model that merely names its attributes ``stem``, ``blocks``, ``head`` is found and self-checked instead)."""
+    if not isinstance(model, ResidualStack) or not (callable(model.stem) and callable(model.head)):
+        return False
+    try:
+        blocks = list(model.blocks)
+    except TypeError:
+        return False
+    return bool(blocks) and all(callable(getattr(b, "branch", None)) and callable(getattr(b, "combine", None))
+                                for b in blocks)
 
 
 @runtime_checkable

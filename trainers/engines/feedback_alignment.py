@@ -150,8 +150,9 @@ class _RandomFeedback(GradientEngine):
             "auto", "stack: the layer-stack pass (no backward through the network); layers: every weight layer's "
                     "backward swapped, autograd elsewhere (any model); auto: stack on a layer stack")
         self_check: bool = option(
-            True, "on the first batch of the layer path, each covered layer's function equals its forward and FA "
-                  "with B = W equals autograd, or the model is refused in one line; false: skip (checked once)")
+            True, "on the first batch of the layer path, each covered layer's function equals its forward and its "
+                  "swapped backward, given the forward weight as feedback, equals autograd's, or the model is refused "
+                  "in one line; false: skip (checked once)")
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -63,7 +63,7 @@ from trainers.core.distributed import DataParallel
 from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
-from trainers.core.protocols import RecurrentLayer, ResidualStack, recurrent_forwards, refusal
+from trainers.core.protocols import RecurrentLayer, is_residual_stack, recurrent_forwards, refusal
 from trainers.core.registry import register_engine
 from trainers.core.self_check import autograd_reference, failures_refused, fresh_eval, quiet, refuse_differences
 
@@ -346,7 +346,7 @@ class Highway(GradientEngine):
         self._rel: list[float] = []
 
     def check(self, model: nn.Module) -> None:
-        if isinstance(model, ResidualStack):
+        if is_residual_stack(model):
             return
         layers = getattr(model, "recurrent_layers", None)
         if isinstance(layers, nn.ModuleList) and len(layers) and all(isinstance(m, RecurrentLayer) for m in layers):
@@ -391,7 +391,7 @@ class Highway(GradientEngine):
         self.check(model)
         self._used, self._rel, self._samples = [], [], len(inputs)
         params = [p for _, p in trainable_parameters(model)]
-        if isinstance(model, ResidualStack):
+        if is_residual_stack(model):
             outputs, loss, by_param = self._depth_step(model, params, inputs, targets, loss_fn)
             grads = [by_param.get(id(p)) for p in params]
         else:

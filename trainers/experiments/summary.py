@@ -28,7 +28,7 @@ from typing import NamedTuple
 from trainers.experiments.recipes import SHARED_SETTINGS
 from trainers.experiments.results import experiment_failures, pivot_cells
 from trainers.experiments.stats import Paired, holm, paired_test, summarize
-from trainers.experiments.tuning import trial_name
+from trainers.experiments.tuning import trial_name, tuning_caveats
 from trainers.experiments.verdict import (
     ALPHA,
     TARGET_FRACTION,
@@ -125,6 +125,8 @@ def summary_table(results: dict[str, list[dict]], metric: str, reference: str | 
 
 
 ALIGNMENT = "engine/alignment_deg/"  # the FA family's angle between each layer's feedback and its forward weight
+DFA_HAS_NO_ANGLE = ("; dfa has no row: its feedback D maps the output error to every layer at once and stands for no "
+                    "one forward weight, so its agreement with backprop is the gradient cosine alone")
 
 
 def alignment_table(results: dict[str, list[dict]]) -> str:
@@ -418,8 +420,9 @@ def settings_table(results: dict[str, list[dict]]) -> str:
             origin += f" (flags replaced {', '.join(settings['overridden'])})"
         if "tuned" in settings:
             tuned = settings["tuned"]
+            caveats = tuning_caveats(tuned)
             origin = (f"tuned {trial_name(tuned['values'])} ({tuned['budget']} trials on seed {tuned['seed']}, "
-                      f"validation split); {origin}")
+                      f"validation split{'; ' + caveats if caveats else ''}); {origin}")
         momentum = _number(cfg["momentum"]) if cfg["optimizer"] == "sgd" else "-"
         lines.append(f"| {run} | {cfg['optimizer']} | {_number(cfg['lr'])} | {momentum} "
                      f"| {_number(cfg['weight_decay'])} | {cfg['batch_size']} | {_number(cfg['clip_grad_norm'])} "
@@ -520,8 +523,8 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
     if aligned:
         parts.append("## Alignment of the feedback with the forward weights\n\nPer covered layer, the angle between "
                      "the feedback B of the logged step and the forward weight W it stands for (TensorBoard: "
-                     f"{ALIGNMENT}<layer>; per-layer gradient cosines against backprop: grad/cosine/<parameter>).\n\n"
-                     f"{aligned}\n")
+                     f"{ALIGNMENT}<layer>; per-layer gradient cosines against backprop: grad/cosine/<parameter>)"
+                     f"{DFA_HAS_NO_ANGLE if 'dfa' in results else ''}.\n\n{aligned}\n")
     if reference in results:
         target = (comparison or {}).get("target")
         if target is None:

@@ -28,9 +28,11 @@ from trainers.core.options import parse_options
 from trainers.core.registry import build_engine, engine_class
 from trainers.run.checkpoint import write_text_atomic
 from trainers.run.config import TrainConfig
+from trainers.run.notes import note
 from trainers.run.trainer import Trainer
 
-__all__ = ["LR_FACTORS", "parse_grid", "trainer_grid", "trial_name", "select", "tune_trainer"]
+__all__ = ["LR_FACTORS", "parse_grid", "trainer_grid", "trial_name", "select", "tune_trainer", "grid_edges",
+           "tuning_caveats"]
 
 #: Default grid: the trainer's learning rate times these factors (a log grid, half a decade apart).
 LR_FACTORS = (0.1, 10 ** -0.5, 1.0, 10 ** 0.5, 10.0)
@@ -98,6 +100,32 @@ def trial_name(values: dict) -> str:
                     for k, v in values.items())
 
 
+def grid_edges(grid: dict[str, list], best: dict) -> dict[str, str]:
+    """The dimensions of three or more numbers whose selected value is the largest ("top") or the smallest
+    ("bottom"): the best point may lie beyond the grid there."""
+    edges = {}
+    for key, values in grid.items():
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(values) >= 3 and len(numbers) == len(values) and best.get(key) in (max(numbers), min(numbers)):
+            edges[key] = "top" if best[key] == max(numbers) else "bottom"
+    return edges
+
+
+def tuning_caveats(record: dict) -> str:
+    """What a tuning's one-line report adds to its choice: the trials that stopped and why, and a selected value
+    on the edge of its grid with the direction to extend it ('' where there is neither)."""
+    parts = []
+    if record.get("stopped"):
+        parts.append(f"{len(record['stopped'])} stopped: " + ", ".join(f"{name} ({why})" for name, why in
+                                                                       record["stopped"].items()))
+    for key, edge in record.get("edges", {}).items():
+        value = record["best" if "best" in record else "values"][key]
+        parts.append(f"{key.split('.', 1)[-1]}={value:g} is the {edge} of its grid: the best may lie "
+                     f"{'above' if edge == 'top' else 'below'}, extend --tune-grid {key}=... "
+                     f"{'upward' if edge == 'top' else 'downward'}")
+    return "; ".join(parts)
+
+
 def select(trials: list[dict], metric: str) -> dict:
     """The trial with the best validation metric (lowest perplexity, highest otherwise); ties: the
     first; diverged trials (``best_val`` None) never."""
@@ -129,11 +157,15 @@ def tune_trainer(build, trainer: str, grid: dict[str, list], seed: int, *, logdi
             trial.update(best_val=report["best_val"], best_step=report["best_step"])
         except NonFiniteLossError as err:  # a diverged trial is a result, not the end of the search
             trial["diverged"] = str(err)
+            if DataParallel().is_main:  # said when it happens, not only in tuning.json
+                note(f"tuning {trainer}: trial {trial_name(values)} stopped: {str(err).split(';')[0]}")
         trials.append(trial)
     metric = setup.task.metric_name
     selected = select(trials, metric)
     record = {"trainer": trainer, "grid": grid, "budget": len(points), "seed": seed, "metric": metric,
-              "trials": trials, "best": selected["values"], "best_val": selected["best_val"]}
+              "trials": trials, "best": selected["values"], "best_val": selected["best_val"],
+              "stopped": {trial_name(t["values"]): t["diverged"].split(";")[0] for t in trials if "diverged" in t},
+              "edges": grid_edges(grid, selected["values"])}
     if logdir is not None and DataParallel().is_main:
         write_text_atomic(Path(logdir) / experiment / "tuning" / trainer / "tuning.json",
                           json.dumps(record, indent=2, default=str) + "\n")
