@@ -167,3 +167,12 @@ def test_compare_help_shows_the_comparisons_own_defaults():
         after = text[text.index(flag + " ", text.index("options:")):]
         assert f"(default: {value}; the comparison's own)" in after[:after.index(" --", 2)], flag
     assert "(default: 10)" not in text[text.index("--epochs EPOCHS ", text.index("options:")):][:80]
+
+
+def test_train_help_gives_the_feedback_familys_shared_options_once():
+    """Each option the FA family shares is described once; the other rules' flags say which flag it is like."""
+    text = " ".join(train_parser().format_help().split())
+    assert text.count("swapped backward, given the forward weight as feedback") == 1
+    for rule in ("dfa", "fa", "frsf", "usf"):
+        assert f"--{rule}-self-check BOOL as --brsf-self-check (default: True)" in text, rule
+    assert "gradient engine: " in text and "(default: backprop)" in text

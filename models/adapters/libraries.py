@@ -30,7 +30,11 @@ from torch import nn
 
 from models.errors import ModelConfigError, one_line
 
-__all__ = ["is_transformers_class", "transformers_factory"]
+__all__ = ["is_transformers_class", "transformers_factory", "LAYER_COUNTS"]
+
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
+                "num_decoder_layers")
+"""Config fields that count identical layers: a model's memory grows linearly in each."""
 
 _POSITIONS = ("n_positions", "max_position_embeddings")
 
@@ -106,6 +110,7 @@ def transformers_factory(cls: type) -> Callable[..., nn.Module]:
                 raise ModelConfigError(f"{cls.__name__} could not be built with {options}: {one_line(err)}") \
                     from None
 
+    build.layer_counts = LAYER_COUNTS  # type: ignore[attr-defined]  # what check_fits_scaled extrapolates
     build.__name__ = build.__qualname__ = cls.__name__
     build.__doc__ = f"{cls.__name__}({cls.config_class.__name__}(**options)), sized to the task."  # type: ignore
     return build

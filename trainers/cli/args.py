@@ -26,7 +26,7 @@ from trainers.core.threads import THREADS_ENV
 from trainers.experiments.compare import compatible
 from trainers.experiments.recipes import recipe_for
 from trainers.run.config import TrainConfig
-from trainers.run.memory import check_fits
+from trainers.run.memory import check_fits, check_fits_scaled
 from trainers.run.notes import note_once
 from trainers.run.rundir import check_folder_name, note
 
@@ -37,6 +37,7 @@ __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_thre
 
 
 SEED_RANGE = 2**32  # NumPy's seeds are 32-bit
+SCALED_FROM = 16  # layer counts above which a library model is estimated from 1 and 2 layers before it is built
 
 
 MAX_SIZE = 2**31 - 1  # no tensor dimension of a trainable model comes near; larger ones overflow torch's sizes
@@ -263,6 +264,16 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
 
     if not user:  # a zoo model is estimated on the meta device before anything is allocated
         fits(lambda: models.build(args.model, **estimate_options))
+    else:  # a library model with many layers: estimated at 1 and 2 of them before it is built (seconds)
+        scaled = getattr(models.adapters.user.load_reference(args.model), "layer_counts", ())
+        counts = {k: v for k, v in model_options.items()
+                  if k in scaled and isinstance(v, int) and not isinstance(v, bool) and v > SCALED_FROM}
+        if counts:
+            check_fits_scaled(lambda values: models.build(args.model, **{**model_options, **values}), counts,
+                              task.train.take(slice(0, 1))[0],
+                              batch_size=min(cfg.batch_size, task.train.size or cfg.batch_size),
+                              optimizer=cfg.optimizer, momentum=cfg.momentum, dtype=getattr(torch, cfg.dtype),
+                              device=torch.device(local_device(cfg.device)))
     seed_everything(cfg.seed)  # model initialization depends on the seed only
     call = model_call_options(args.call)
     model = models.build(args.model, **model_options)

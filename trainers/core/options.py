@@ -95,15 +95,20 @@ def _parse_bool(text: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, *, prefix: str = "", title: str | None = None):
-    """Add one ``--prefix-field-name`` flag per dataclass field (default: the field's default)."""
+    """Add one ``--prefix-field-name`` flag per dataclass field (default: the field's default). A field whose help
+    another group of ``parser`` already gave (the FA family's shared options) says "as --<that flag>" instead of
+    repeating it."""
     group = parser.add_argument_group(title or cls.__name__)
     hints = typing.get_type_hints(cls)
+    said = parser.__dict__.setdefault("_said_helps", {})  # (field, help) -> the flag that gave it first
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         base = _base_type(tp)
         flag = "--" + (prefix + f.name).replace("_", "-")
+        text = f.metadata.get("help", "")
+        first = said.setdefault((f.name, text), flag)
         kwargs: dict[str, typing.Any] = dict(dest=prefix + f.name, default=argparse.SUPPRESS,
-                                             help=f"{f.metadata.get('help', '')} (default: {f.default})")
+                                             help=f"{text if first == flag else 'as ' + first} (default: {f.default})")
         choices = _choices(tp)
         if choices is not None:
             kwargs["choices"] = choices

@@ -177,7 +177,7 @@ class ActivityForwardGradient(GradientEngine):
         scalars = self._example_scalars(probe, targets, loss_fn)
         if scalars is None:
             return "the loss is not the task's loss of the outputs"
-        total = float(probe.loss_tangent)
+        total = float(probe.loss_tangent.detach())
         if abs(float(scalars.sum()) - total) > 1e-4 * (abs(total) + float(scalars.abs().sum())) + 1e-12:
             return "the loss is not the task's loss of the outputs"
         alone = self._pass(model, plan, inputs, targets, loss_fn, 0, 0, only_first_example=batch)
@@ -265,7 +265,7 @@ class ActivityForwardGradient(GradientEngine):
             one = self._pass(model, plan, inputs, targets, loss_fn, self.steps, index)
             if first is None:
                 first = one
-            whole = float(one.loss_tangent)
+            whole = float(one.loss_tangent.detach())
             scalars = self._example_scalars(one, targets, loss_fn) if plan.per_example else None
             for i in plan.weights:
                 total[i].add_(direction_of(params[i].shape, params[i], o.distribution, o.seed, self.steps, index, i),

@@ -12,6 +12,10 @@ lower; free GPU memory for CUDA devices). It is a lower bound of what a run
 needs (engines keep a few more copies), so a refusal is certain and a pass is
 no promise; its purpose is a one-line refusal instead of a machine that swaps
 for minutes before the kernel kills the process.
+
+A model too deep to build even on ``meta`` in seconds (a transformers config with a million layers) is estimated
+at one and two of each layer count and extrapolated linearly (``check_fits_scaled``): every term grows linearly
+in the number of identical layers.
 """
 
 from pathlib import Path
@@ -21,7 +25,7 @@ import torch
 from models.adapters.calling import call_model
 from trainers.core.errors import ConfigError
 
-__all__ = ["MAX_DEPTH", "estimate_bytes", "available_bytes", "check_fits"]
+__all__ = ["MAX_DEPTH", "estimate_bytes", "available_bytes", "check_fits", "check_fits_scaled"]
 
 MAX_DEPTH = 10_000
 """Deepest zoo model accepted: models are built one module per layer (about 5 KB each, even on ``meta``)."""
@@ -113,3 +117,32 @@ def check_fits(build, sample, *, batch_size: int, optimizer: str, momentum: floa
         f"gradients, optimizer state and best-model copy; activations of {batch_size} samples) but "
         f"{_gib(free)} {'of GPU memory are' if device.type == 'cuda' else 'are'} available; lower --depth, "
         f"--width, --hidden or --batch-size")
+
+
+def check_fits_scaled(build_at, counts: dict[str, int], sample, *, batch_size: int, optimizer: str,
+                      momentum: float, dtype: torch.dtype, device: torch.device) -> dict | None:
+    """``check_fits`` for a model with layer counts ``counts`` (option -> value), built by ``build_at(values)``
+    with some of them replaced: estimated with every count at 1, then each at 2 alone, and extrapolated
+    linearly to ``counts`` (seconds, whatever the depth); the refusal names the counts to lower."""
+    def at(values: dict) -> dict | None:
+        return estimate_bytes(lambda: build_at(values), sample, batch_size=batch_size, optimizer=optimizer,
+                              momentum=momentum, dtype=dtype)
+
+    ones = dict.fromkeys(counts, 1)
+    base = at(ones)
+    steps = {key: at({**ones, key: 2}) for key in counts}
+    if base is None or any(v is None for v in steps.values()):
+        return None
+    estimate = {what: base[what] + sum((counts[k] - 1) * (steps[k][what] - base[what]) for k in counts)  # type: ignore
+                for what in ("bytes", "parameters", "activations_per_sample")}
+    free = available_bytes(device)
+    if free is None or estimate["bytes"] <= free:
+        return estimate
+    named = ", ".join(f"{k}={v:,}" for k, v in counts.items())
+    raise ConfigError(
+        f"this run needs at least {_gib(estimate['bytes'])} ({estimate['parameters']:,} parameters at {named}, "
+        f"extrapolated from 1 and 2 layers built on the meta device, with their gradients, optimizer state and "
+        f"best-model copy; activations of {batch_size} samples) but {_gib(free)} "
+        f"{'of GPU memory are' if device.type == 'cuda' else 'are'} available; lower {', '.join(counts)} or "
+        f"--batch-size")
+
