@@ -1,4 +1,4 @@
-"""scripts/gpu_rows.sh, the GPU rows of BENCHMARKS.md in one run, works before a GPU is lent: its dry run
+"""scripts/benchmarks/gpu_rows.sh, the GPU rows of BENCHMARKS.md in one run, works before a GPU is lent: its dry run
 (the same bench commands at tiny sizes on the CPU) writes every table it promises."""
 
 import json
@@ -23,7 +23,7 @@ TABLES = {  # in the order the script runs them (on a GPU each highway table als
 
 def test_dry_run_writes_every_table(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_rows.sh"), str(tmp_path)], env=env,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "benchmarks" / "gpu_rows.sh"), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for table, trainers in TABLES.items():

@@ -1,6 +1,7 @@
-"""The planted-fault list (trainers/engines/planted_faults.toml, run by scripts/planted_faults.py, CONTRIBUTING
-"Planted faults") stays current: every fault's edit still applies exactly once, so a code change that makes one
-stale fails here, on every push, and not only when someone runs the long script; every engine has its fault."""
+"""The planted-fault list (trainers/engines/planted_faults.toml, run by scripts/maintenance/planted_faults.py,
+CONTRIBUTING "Planted faults") stays current: every fault's edit still applies exactly once, so a code change that
+makes one stale fails here, on every push, and not only when someone runs the long script; every engine has its
+fault."""
 
 import importlib.util
 from pathlib import Path
@@ -11,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def planted_faults():
-    spec = importlib.util.spec_from_file_location("planted_faults", ROOT / "scripts" / "planted_faults.py")
+    spec = importlib.util.spec_from_file_location("planted_faults",
+                                                  ROOT / "scripts" / "maintenance" / "planted_faults.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -346,11 +346,13 @@ SKIPPED = {
     r"\.venv/bin/tensorboard ": "a server that runs until it is stopped",
     r"\.venv/bin/python scripts/bench\.py --suite overhead$": (
         "fixed sizes (a width-1024 MLP at batch 256): 4-6 s at the fewest --steps, --warmup and --rounds"),
-    r"bash scripts/foton_table\.sh ": "the FOTON table of BENCHMARKS.md: 144 runs of 30 epochs, no size flag",
-    r"bash scripts/highway_table\.sh ": "the Highway-BP tables of BENCHMARKS.md: 14 comparisons, no size flag",
-    r"bash scripts/foton_depth\.sh ": "the FOTON depth table of BENCHMARKS.md: ~8 minutes, no size flag",
-    r"bash scripts/dsf_bench\.sh cuda ": "needs a GPU",
-    r"EPOCHS=1 bash scripts/dsf_table\.sh ptb-sentences ": DATA,
+    r"bash scripts/benchmarks/foton_table\.sh ": "the FOTON table of BENCHMARKS.md: 144 runs of 30 epochs, no size "
+                                                "flag",
+    r"bash scripts/benchmarks/highway_table\.sh ": "the Highway-BP tables of BENCHMARKS.md: 14 comparisons, no "
+                                                   "size flag",
+    r"bash scripts/benchmarks/foton_depth\.sh ": "the FOTON depth table of BENCHMARKS.md: ~8 minutes, no size flag",
+    r"bash scripts/benchmarks/dsf_bench\.sh cuda ": "needs a GPU",
+    r"EPOCHS=1 bash scripts/benchmarks/dsf_table\.sh ptb-sentences ": DATA,
     r"\.venv/bin/python scripts/train\.py --trainer dsf .*--data-dir \.\./shared/data/ptb": DATA,
     r"\.venv/bin/python scripts/train\.py --trainer highway .*--data-dir \.\./shared/data/ptb": DATA,
     r"\.venv/bin/python scripts/compare\.py --model rnn_model\.py:RNNModel ": (

@@ -1,6 +1,6 @@
 """Peak memory and step time of the forward-only and zeroth-order engines against inference and backprop.
 
-    .venv/bin/python scripts/forward_only_memory.py
+    .venv/bin/python scripts/benchmarks/forward_only_memory.py
 
 For each model, the peak extra memory of one call (``trainers.bench.timing.peak_step_memory_mb``: the profiler's
 live CPU allocations on a CPU, ``max_memory_allocated`` on a GPU; the parameters, allocated before, are not

@@ -3,9 +3,9 @@
 # seeds 0,1,2; backprop on a plain MLP, backprop and FOTON (output error temperature
 # 1 and 8) on the same orthogonal (Bjorck x3) MLP, both PEPITA rules on the plain
 # MLP (their published setting).
-# Usage: bash scripts/foton_table.sh [LOGDIR] [EPOCHS]   (then: python scripts/table.py LOGDIR)
+# Usage: bash scripts/benchmarks/foton_table.sh [LOGDIR] [EPOCHS]   (then: python scripts/table.py LOGDIR)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 LOGDIR=${1:-runs/foton-digits}
 EPOCHS=${2:-30}

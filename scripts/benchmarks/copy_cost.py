@@ -2,7 +2,7 @@
 the engine's entry and in every ``call_model``) against the same step with them turned off, round-robin in one
 process, medians of the per-round ratio. The worst cases are large inputs through small models.
 
-    python scripts/copy_cost.py [--rounds 30] [--threads 1]
+    python scripts/benchmarks/copy_cost.py [--rounds 30] [--threads 1]
 
 Prints a Markdown table: case, engine, batch bytes, median step with and without the copies (ms), the median
 of the per-round ratios and its spread (min-max over rounds).

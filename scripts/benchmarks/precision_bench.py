@@ -2,8 +2,9 @@
 project Trainer's update (``Trainer.train_step``: the engine, clipping, the optimizer) on one fixed batch, each
 configuration a Trainer of its own, timed round-robin in one process.
 
-    .venv/bin/python scripts/precision_bench.py --device cpu --rounds 5 --steps 10
-    .venv/bin/python scripts/precision_bench.py --device cuda --precisions 32,bf16-mixed,16-mixed --compile inductor
+    .venv/bin/python scripts/benchmarks/precision_bench.py --device cpu --rounds 5 --steps 10
+    .venv/bin/python scripts/benchmarks/precision_bench.py --device cuda --precisions 32,bf16-mixed,16-mixed \
+        --compile inductor
 
 Models: the zoo's GPT (``--depth`` blocks, ``--width``, 4 heads, a ``--vocab`` vocabulary, ``--seq-len`` tokens)
 for backprop, Highway-BP, FA and DFA; the orthogonal tanh MLP (Björck, width ``--mlp-width``, depth 4) for

@@ -1,7 +1,7 @@
 """The error of one forward-gradient direction, weight-perturbed (``fgrad``) against activity-perturbed
 (``fgrad_act``), on real batches: the variance reduction of Ren et al. (ICLR 2023) measured.
 
-    .venv/bin/python scripts/forward_gradient_variance.py [--draws 100] [--ptb-dir ../shared/data/ptb]
+    .venv/bin/python scripts/benchmarks/forward_gradient_variance.py [--draws 100] [--ptb-dir ../shared/data/ptb]
 
 For each model, one batch and its exact gradient g (autograd); then ``--draws`` estimates of each engine (one
 Gaussian direction each, seeds 0, 1, ...), and per engine: the relative error E||g_hat - g||^2 / ||g||^2 (mean over

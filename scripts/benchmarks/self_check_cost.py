@@ -4,7 +4,7 @@ sequence 64, batch 32, vocabulary 10000: the size of BENCHMARKS' PTB rows) for H
 layer path, and the zoo's residual_mlp declared through models.residual_stack (depth 16, width 256, digits
 batch 64). Each time is the median of ``--rounds`` interleaved rounds (check, step, backprop).
 
-    python scripts/self_check_cost.py [--rounds 5]
+    python scripts/benchmarks/self_check_cost.py [--rounds 5]
 """
 
 import argparse

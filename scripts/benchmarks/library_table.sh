@@ -3,7 +3,7 @@
 # backprop, Highway-BP at k = 1, 2, 4 (the residual stack found from an example run), FA and DFA
 # (every weight layer's backward swapped in place), 3 seeds, Adam 1e-3 (the shared defaults).
 #
-#   bash scripts/library_table.sh GRID [LOGDIR] [SEEDS] [TRAINERS] [more scripts/compare.py flags]
+#   bash scripts/benchmarks/library_table.sh GRID [LOGDIR] [SEEDS] [TRAINERS] [more scripts/compare.py flags]
 #
 #   GRID gpt2:   transformers' GPT2LMHeadModel, 4 layers (L = 8 residual sublayers), width 64, 2 heads,
 #                random init sized to PTB words (vocabulary 10000), sequences of 32 words, batch 16,
@@ -14,7 +14,7 @@
 #                blocks between 3 downsampling blocks, which Highway-BP backpropagates exactly.
 #   TRAINERS default: backprop,highway:k=1,highway:k=2,highway:k=4,fa,dfa
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 GRID=${1:?"usage: library_table.sh gpt2|resnet [LOGDIR] [SEEDS] [TRAINERS]"}
 LOGDIR=${2:-runs/library}
 SEEDS=${3:-0,1,2}

@@ -2,26 +2,26 @@
 """Mutation testing: single-point mutants of the engines, orthogonality and the model adapters, each run against
 the tests that concern its module; the score per file and the survivors (CONTRIBUTING.md, "Mutation testing").
 
-    .venv/bin/python scripts/mutants.py --jobs 2                       # every file's sample (scripts/mutants.toml)
-    .venv/bin/python scripts/mutants.py --jobs 2 --only pepita.py      # the files whose path contains it
-    .venv/bin/python scripts/mutants.py --list                         # the mutants, nothing run
-    .venv/bin/python scripts/mutants.py --jobs 2 --out mutants.md      # also write the report
+    .venv/bin/python scripts/maintenance/mutants.py --jobs 2                   # every file's sample (mutants.toml)
+    .venv/bin/python scripts/maintenance/mutants.py --jobs 2 --only pepita.py  # the files whose path contains it
+    .venv/bin/python scripts/maintenance/mutants.py --list                     # the mutants, nothing run
+    .venv/bin/python scripts/maintenance/mutants.py --jobs 2 --out mutants.md  # also write the report
 
 Why a small AST mutator of our own and not mutmut: a mutant here is a planted fault made by a rule, so it runs
-through ``scripts/planted_faults.py`` (a copy of the working tree, the fault planted, the module's own test files
-with ``-x``, a test that fails without any mutant discounted), with the test files chosen per module in
-``scripts/mutants.toml``; mutmut rewrites every function into a trampoline in a ``mutants/`` tree and runs its own
-test selection, which does not know our per-module test lists, our torchrun and subprocess tests (they import the
-real tree), or the ``-n auto`` suite's 3-minute budget.
+through ``scripts/maintenance/planted_faults.py`` (a copy of the working tree, the fault planted, the module's own
+test files with ``-x``, a test that fails without any mutant discounted), with the test files chosen per module in
+``scripts/maintenance/mutants.toml``; mutmut rewrites every function into a trampoline in a ``mutants/`` tree and
+runs its own test selection, which does not know our per-module test lists, our torchrun and subprocess tests (they
+import the real tree), or the ``-n auto`` suite's 3-minute budget.
 
-The mutations (one at a time, on a node that lies on one line, never inside a string, an f-string, a docstring or
-an annotation): an arithmetic operator swapped (``+``/``-``, ``*``/``/``, ``**`` to ``*``), a comparison turned
+The mutations (one at a time, on a node that lies on one line, never inside a string, an f-string, a docstring or an
+annotation): an arithmetic operator swapped (``+``/``-``, ``*``/``/``, ``**`` to ``*``), a comparison turned
 (``<``/``<=``, ``>``/``>=``, ``<``/``>``, ``==``/``!=``, ``is``/``is not``, ``in``/``not in``), ``and``/``or``
 swapped, a ``not`` dropped, a number changed (n to n + 1, x to 2x, 0.0 to 1.0), ``True``/``False`` swapped, and a
 one-line call statement dropped (``pass``). Each file's mutants are sampled, ``--per-file`` of them drawn with
-``--seed`` (the same sample every run until the code changes). A mutant is killed when a test fails; one whose
-copy does not import or collect is counted apart (not a test's merit); one listed in ``scripts/mutants.toml`` as
-equivalent (same behaviour, with the argument) is not counted. Exit status 0 when every counted file reaches
+``--seed`` (the same sample every run until the code changes). A mutant is killed when a test fails; one whose copy
+does not import or collect is counted apart (not a test's merit); one listed in ``scripts/maintenance/mutants.toml``
+as equivalent (same behaviour, with the argument) is not counted. Exit status 0 when every counted file reaches
 ``--goal``, 1 otherwise, 2 for a bad option or target list.
 """
 
@@ -69,7 +69,7 @@ class Mutant:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.id)
 
     def fault(self, tests: list[str]) -> dict:
-        """The mutant as a planted fault (``scripts/planted_faults.py``)."""
+        """The mutant as a planted fault (``scripts/maintenance/planted_faults.py``)."""
         return {"id": self.slug, "engine": self.file, "file": self.file, "old": self.old, "new": self.new,
                 "description": f"{self.kind} at line {self.line}", "tests": tests}
 

@@ -2,7 +2,7 @@
 epochs) as one timed process: prints its steps/s and the threads torch used (BENCHMARKS.md "The Python API
 on a busy machine"). Runs in a fresh process: the API chooses its threads on its first call.
 
-    python scripts/api_steps.py LOGDIR
+    python scripts/benchmarks/api_steps.py LOGDIR
 """
 
 import sys

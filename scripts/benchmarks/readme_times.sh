@@ -2,13 +2,13 @@
 # The README's stated times, measured on the commands as written (run from the repository root; only --logdir
 # is added, so that each command writes into OUT). One run each; prints a Markdown table with the machine.
 #
-#   bash scripts/readme_times.sh OUT [RNN_MODEL_DIR]
+#   bash scripts/benchmarks/readme_times.sh OUT [RNN_MODEL_DIR]
 #
 # RNN_MODEL_DIR: a folder holding pytorch/examples' word_language_model/model.py saved as rnn_model.py (the
 # README's unmodified-model comparison); without it that row is left out. Needs ../shared/data/ptb.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:?usage: bash scripts/readme_times.sh OUT [RNN_MODEL_DIR]}
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: bash scripts/benchmarks/readme_times.sh OUT [RNN_MODEL_DIR]}
 RNN_DIR=${2:-}
 mkdir -p "$OUT"
 PY=.venv/bin/python

@@ -3,7 +3,7 @@ compute_grads alone, on the zoo's convnet and mlp (depth 4, width 256), digits b
 five engines interleaved for 200 rounds; medians of the times and of the per-round ratios to backprop
 (BENCHMARKS.md "Models from transformers and timm").
 
-    python scripts/fa_paths.py
+    python scripts/benchmarks/fa_paths.py
 """
 
 import statistics

@@ -5,7 +5,7 @@
 # resumable run (compare.py --resume auto); finished ones are skipped, so the script can be killed
 # and started again, and several copies can share the work (one per seed).
 #
-#   bash scripts/dsf_table.sh GRID [LOGDIR] [DEVICE] [SEEDS]   (env: EPOCHS, DEPTHS, TRAINERS, FEEDBACKS, PTB_DIR)
+#   bash scripts/benchmarks/dsf_table.sh GRID [LOGDIR] [DEVICE] [SEEDS]   (env: EPOCHS, DEPTHS, TRAINERS, FEEDBACKS, PTB_DIR)
 #
 #   GRID ptb-sentences: the DSF paper's setting on full PTB (../shared/data/ptb, or PTB_DIR):
 #        sentence-level ptb-word (each line <bos> ... <eos>, 64-token context), GRU 256 with
@@ -22,7 +22,7 @@
 # Then: python scripts/table.py LOGDIR --value best_val (PTB) or test (synthetic)
 #         --columns backprop,ftbptt,dsf,dsf-tied,dsf-gate
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 GRID=${1:?"usage: dsf_table.sh ptb-sentences|ptb-char|synthetic [LOGDIR] [DEVICE] [SEEDS]"}
 LOGDIR=${2:-runs/dsf-$GRID}

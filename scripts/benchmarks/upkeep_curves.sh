@@ -6,11 +6,11 @@
 # at depth 32; 60 epochs (300 steps), seeds 0,1,2. One experiment folder per setting: its summary.md and
 # comparison.png hold the four runs' curves side by side.
 #
-#   bash scripts/upkeep_curves.sh [LOGDIR] [EPOCHS]
+#   bash scripts/benchmarks/upkeep_curves.sh [LOGDIR] [EPOCHS]
 # Then the table is printed (scripts/table.py), and the orthogonality error the retraction keeps over
 # 1000 steps in float32 and float64 (width 1024).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 LOGDIR=${1:-runs/upkeep-digits}
 EPOCHS=${2:-60}

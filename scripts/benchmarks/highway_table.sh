@@ -3,7 +3,7 @@
 # iterations k (0, 1, 2, 4, 8 and k = L, which is exact) with backprop beside it, Adam,
 # warmup + cosine schedule, gradient agreement with backprop logged every 50 steps.
 #
-#   bash scripts/highway_table.sh GRID [LOGDIR] [DEVICE] [SEEDS] [more scripts/compare.py flags]
+#   bash scripts/benchmarks/highway_table.sh GRID [LOGDIR] [DEVICE] [SEEDS] [more scripts/compare.py flags]
 #
 #   GRID digits:   residual_mlp (16 blocks, width 64; L = 16) and resnet (pre-activation,
 #                  depth 20, width 8, invertible downsampling; L = 9) on scikit-learn's
@@ -23,7 +23,7 @@
 #         --columns backprop,highway-k0,highway-k1,highway-k2,highway-k4,highway-k8,highway-exact \
 #         --plot LOGDIR/k.png        (the metric against k, one panel per experiment)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 GRID=${1:?"usage: highway_table.sh digits|ptb-char|ptb-word|seq-digits [LOGDIR] [DEVICE] [SEEDS]"}
 LOGDIR=${2:-runs/highway-$GRID}

@@ -3,8 +3,10 @@
 the dispatcher and Python pay per call), and the top ones (issue 32). The time itself is bench.py's (round-robin,
 ``--suite grads --grads-model``): on a shared VM one trainer's calls in a row can read 2x apart between runs.
 
-    python scripts/profile_grads.py --model ortho_lenet --trainers backprop,fa,dfa --batch-size 64 --calls 200
-    python scripts/profile_grads.py --model mlp --depth 32 --width 256 --trainers backprop,foton --calls 100
+    python scripts/maintenance/profile_grads.py --model ortho_lenet --trainers backprop,fa,dfa --batch-size 64 \
+        --calls 200
+    python scripts/maintenance/profile_grads.py --model mlp --depth 32 --width 256 --trainers backprop,foton \
+        --calls 100
 
 One thread (the comparison is per operator, not of parallel speed-ups); 8 x 8 inputs of 64 features (digits'
 shape) for the CNNs, ``--features`` otherwise.

@@ -2,7 +2,7 @@
 Trainer's step, same model (a transformers GPT-2), engine, batch and optimizer (AdamW): median seconds per step of
 each, measured round-robin in one process, and their ratio.
 
-    .venv/bin/python scripts/loop_step_bench.py --engines backprop,highway --steps 30 --rounds 3
+    .venv/bin/python scripts/benchmarks/loop_step_bench.py --engines backprop,highway --steps 30 --rounds 3
 
 Each round runs ``--steps`` steps in each loop and keeps the steps after the first ``--warmup``; a step is
 timed from the loop's own hooks (the HF Trainer's ``on_step_begin``/``on_step_end``, the project Trainer's

@@ -33,8 +33,9 @@ recorded as ``skipped``. The results are those of the working tree the script ru
 
 Run it (in either environment; transformers and timm are imported only when probed):
 
-    .venv/bin/python scripts/probe_architectures.py --library transformers --out /tmp/probe-transformers.json
-    .venv-timm/bin/python scripts/probe_architectures.py --library timm --out /tmp/probe-timm.json
+    .venv/bin/python scripts/maintenance/probe_architectures.py --library transformers \
+        --out /tmp/probe-transformers.json
+    .venv-timm/bin/python scripts/maintenance/probe_architectures.py --library timm --out /tmp/probe-timm.json
 
 ``--library all`` (the default) probes every library that imports; ``--only REGEX`` a subset. The JSON
 holds one row per architecture with the full messages, the worst parameters and the timings; stdout gets
@@ -59,7 +60,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import models  # noqa: E402
 import trainers  # noqa: E402
@@ -532,7 +533,7 @@ def summary(rows: list[dict]) -> str:
 
 def tree() -> str:
     """The commit the results are of, and the files changed since (engines are edited in place)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()

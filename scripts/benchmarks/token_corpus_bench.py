@@ -1,7 +1,8 @@
 """The memory-mapped token corpus (issue 48): resident memory at 1x and 10x the file size, and training steps/s
 against the same windows held in memory (``ptb-word``), same model and batch.
 
-    python scripts/token_corpus_bench.py --ptb ../shared/data/ptb --out bench_out/tokens [--sizes 10000000,100000000]
+    python scripts/benchmarks/token_corpus_bench.py --ptb ../shared/data/ptb --out bench_out/tokens \
+        [--sizes 10000000,100000000]
 
 Steps/s: one process holds two Trainers on the PTB words, ``ptb-word`` (tensors) and ``tokens`` (the same ids
 written by ``scripts/token_file.py``, read through the memory map), each with the zoo's GPT (``--depth`` blocks,
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _status_mb(field: str) -> float:

@@ -5,12 +5,12 @@
 # backprop, FA and DFA Adam 1e-3 batch 64), seeds 0,1,2, per-layer gradient agreement every 10 steps.
 # Then FOTON tuned at depths 32 and 100 (compare.py --tune, validation split only).
 #
-#   bash scripts/foton_depth.sh TASK [LOGDIR] [EPOCHS]
+#   bash scripts/benchmarks/foton_depth.sh TASK [LOGDIR] [EPOCHS]
 #   TASK digits (30 epochs) or mnist-t10k (10 epochs; MNIST's t10k files in
 #        ../shared/data/mnist-t10k, or DATA_DIR/mnist-t10k)
 # Then: python scripts/table.py LOGDIR --columns backprop,foton,pepita,fa,dfa,foton-tuned
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 TASK=${1:?"usage: foton_depth.sh digits|mnist-t10k [LOGDIR] [EPOCHS]"}
 LOGDIR=${2:-runs/foton-depth-$TASK}

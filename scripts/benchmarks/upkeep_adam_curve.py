@@ -2,8 +2,9 @@
 compute time (issue 32): the two runs' steps interleaved (one step of each in turn, each timed), validation
 accuracy every --eval-every steps against the cumulative time of the steps; a figure, a JSON and a Markdown line.
 
-    python scripts/upkeep_adam_curve.py --width 128 --steps 1000 --out bench_out/adam_curve_128
-    python scripts/upkeep_adam_curve.py --width 1024 --steps 100 --eval-every 10 --out bench_out/adam_curve_1024
+    python scripts/benchmarks/upkeep_adam_curve.py --width 128 --steps 1000 --out bench_out/adam_curve_128
+    python scripts/benchmarks/upkeep_adam_curve.py --width 1024 --steps 100 --eval-every 10 \
+        --out bench_out/adam_curve_1024
 """
 
 import argparse

@@ -9,8 +9,8 @@ batch / step time, gradient all-reduce included; warm-up steps and evaluation
 excluded). On ``--device cuda`` every process takes its own GPU, and
 the N-process runs need N GPUs.
 
-    python scripts/dist_bench.py --out bench_out/dist            # CPU, N = 2
-    python scripts/dist_bench.py --device cuda --procs 1 --out bench_out/dist_gpu
+    python scripts/benchmarks/dist_bench.py --out bench_out/dist            # CPU, N = 2
+    python scripts/benchmarks/dist_bench.py --device cuda --procs 1 --out bench_out/dist_gpu
 """
 
 import json
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         lines.append("| " + " | ".join(cells) + " |")
     machine = machine_description(torch.device(args.device)).replace(f"{torch.get_num_threads()} threads",
                                                                      f"{cores} cores")
-    command = "python scripts/dist_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/benchmarks/dist_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = f"Machine: {machine}\n\nCommand: `{command.strip()}`\n\n" + "\n".join(lines) + "\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

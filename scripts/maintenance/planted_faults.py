@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Planted faults: does some test catch each plausible mistake of ``trainers/engines/planted_faults.toml``?
 
-    .venv/bin/python scripts/planted_faults.py                    # every fault, one at a time
-    .venv/bin/python scripts/planted_faults.py --jobs 2           # two faults at once
-    .venv/bin/python scripts/planted_faults.py --only foton-sign,dsf-tied-gate-step
-    .venv/bin/python scripts/planted_faults.py --list             # the faults, nothing run
-    .venv/bin/python scripts/planted_faults.py --dry-run          # plant each, import it, print trainers.__file__
+    .venv/bin/python scripts/maintenance/planted_faults.py                    # every fault, one at a time
+    .venv/bin/python scripts/maintenance/planted_faults.py --jobs 2           # two faults at once
+    .venv/bin/python scripts/maintenance/planted_faults.py --only foton-sign,dsf-tied-gate-step
+    .venv/bin/python scripts/maintenance/planted_faults.py --list             # the faults, nothing run
+    .venv/bin/python scripts/maintenance/planted_faults.py --dry-run   # plant each, import it, print trainers.__file__
 
 The working tree as it is now (the files ``git ls-files -co --exclude-standard`` lists: tracked and
 untracked-but-not-ignored, uncommitted edits included) is copied once into a temporary folder. For each fault
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAULTS = ROOT / "trainers" / "engines" / "planted_faults.toml"
 FIELDS = {"id": str, "engine": str, "file": str, "old": str, "new": str, "description": str, "tests": list}
 PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=short"]

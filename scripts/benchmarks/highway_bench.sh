@@ -3,10 +3,10 @@
 # step time of backprop (fused nn.GRU), bptt_loop and highway at k = 0, 5, 10 on a 1-layer GRU
 # language model (hidden 512, sequence lengths 256 and 1024, batch BATCH, default 128), in fp32
 # and (on CUDA) with TF32 matmuls; then the 32-block residual MLP on both Highway-BP paths.
-#   usage: scripts/highway_bench.sh DEVICE OUTDIR [more scripts/bench.py flags]
+#   usage: scripts/benchmarks/highway_bench.sh DEVICE OUTDIR [more scripts/bench.py flags]
 # One Markdown table per run in OUTDIR (gru_<precision>_T<length>.md, residual_<precision>.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 device=${1:-cpu}
 out=${2:-bench_out/highway}
 shift 2 || true

@@ -17,13 +17,13 @@
 #   grads_foton_b<batch>               gradient computation alone, FOTON against backprop (and the bare pass) on the
 #                                      orthogonal tanh MLP, depth 8, 32, 64, width 256, 1024 (issue 32, item 1)
 #   precision_compile.md               every engine's step in float32, bf16-mixed, 16-mixed and compiled (inductor)
-#                                      on the zoo's GPT and the orthogonal MLP (issue 49; scripts/precision_bench.py)
+#                                      on the zoo's GPT and the orthogonal MLP (issue 49; scripts/benchmarks/precision_bench.py)
 # <precision> is tf32 and fp32 on CUDA. OUT/times.txt has the seconds each part took.
-#   usage: scripts/gpu_rows.sh [OUT]         on the GPU (DEVICE=cuda; PYTHON=python)
-#          DRY_RUN=1 scripts/gpu_rows.sh OUT  the same commands at tiny sizes on the CPU, in seconds
+#   usage: scripts/benchmarks/gpu_rows.sh [OUT]         on the GPU (DEVICE=cuda; PYTHON=python)
+#          DRY_RUN=1 scripts/benchmarks/gpu_rows.sh OUT  the same commands at tiny sizes on the CPU, in seconds
 #                                             (tests/test_gpu_rows.py runs it, so the script is known to work)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-bench_out/gpu_rows}
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}  # the project's environment
 mkdir -p "$out"
@@ -69,14 +69,14 @@ part upkeep_optimizers --suite upkeep-optimizers --depths 4 --widths "$widths" -
 for b in ${batches//,/ }; do
   part "grads_foton_b$b" --suite grads --trainers 'backprop;foton' --depths "$fdepths" --widths "$widths" --batch-size "$b"
 done
-# every engine's step at each precision and compiled (issue 49): scripts/precision_bench.py, a Markdown table
+# every engine's step at each precision and compiled (issue 49): scripts/benchmarks/precision_bench.py, a Markdown table
 start=$SECONDS
 echo "[gpu_rows] precision_compile" >&2
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  "$py" scripts/precision_bench.py --device cpu --models gpt --engines backprop --precisions 32,bf16-mixed \
+  "$py" scripts/benchmarks/precision_bench.py --device cpu --models gpt --engines backprop --precisions 32,bf16-mixed \
       --compile aot_eager --rounds 1 --steps 2 --depth 1 --width 16 --vocab 50 --seq-len 8 > "$out/precision_compile.md"
 else
-  "$py" scripts/precision_bench.py --device "$device" --precisions 32,bf16-mixed,16-mixed --compile inductor \
+  "$py" scripts/benchmarks/precision_bench.py --device "$device" --precisions 32,bf16-mixed,16-mixed --compile inductor \
       --rounds 5 --steps 20 > "$out/precision_compile.md"
 fi
 echo "precision_compile $((SECONDS - start)) s" >> "$out/times.txt"

@@ -7,7 +7,7 @@ width 64, 2 heads, vocabulary 10000: PTB words' size) on random tokens (batch 16
 PTB benchmark. An engine or option this checkout does not have is left out (the script runs on older commits
 too, for a before/after).
 
-    python scripts/fa_family_steps.py [--rounds 100] [--threads 2] [--models mlp,convnet,gpt2]
+    python scripts/benchmarks/fa_family_steps.py [--rounds 100] [--threads 2] [--models mlp,convnet,gpt2]
 """
 
 import argparse

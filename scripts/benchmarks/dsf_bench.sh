@@ -2,10 +2,10 @@
 # The DSF benchmark of BENCHMARKS.md: training-step time of bptt (backprop, fused nn.GRU),
 # bptt_loop, ftbptt and dsf on a GRU language model, hidden 512, batch 128, 1 and 3 layers,
 # sequence lengths 256 / 1024 / 4096, in fp32 and (on CUDA) with TF32 matmuls; then the scan alone.
-#   usage: scripts/dsf_bench.sh DEVICE OUTDIR [more scripts/bench.py flags]
+#   usage: scripts/benchmarks/dsf_bench.sh DEVICE OUTDIR [more scripts/bench.py flags]
 # One Markdown table per run in OUTDIR (recurrent_<precision>_depth<k>.md, scan.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 device=${1:-cpu}
 out=${2:-bench_out/dsf}
 shift 2 || true
