@@ -301,9 +301,9 @@ RUNS = [
     Run(r"\.venv/bin/python scripts/bench\.py --suite residual$",
         benched("residual", "backprop", "highway:k=0,path=batched", "highway:k=10,path=reference"),
         BENCH + " --residual-depth 3 --widths 8 --batch-size 8"),
-    Run(r"\.venv/bin/python scripts/compare\.py --trainers backprop,ftbptt,dsf --model rnn_lm --task copy ",
-        comparison("compare-rnn_lm-hidden=128-vocab_size=10-copy-delay=20-length=5-backprop+ftbptt+dsf",
-                   "backprop", "ftbptt", "dsf"), COMPARE),
+    Run(r"\.venv/bin/python scripts/compare\.py --trainers backprop,ftbptt,dsf --model rnn_lm --cell gru ",
+        comparison("compare-rnn_lm-hidden=128-cell=gru-vocab_size=10-copy-delay=20-length=5-adam-cosine-shared-"
+                   "backprop+ftbptt+dsf", "backprop", "ftbptt", "dsf"), COMPARE),
     Run(r"\.venv/bin/python scripts/table\.py runs/foton-digits$", tabled(*MLP_TRAINERS),
         prepare=results_of("compare-digits", "foton-digits")),
     # "Your own model"
