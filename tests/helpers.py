@@ -215,3 +215,15 @@ class CrashingBackprop(Backprop):
 
 
 CrashingBackprop.name = "backprop"
+
+
+def tiny_gpt2_batch():
+    """A 1-layer transformers GPT-2 (width 8, 2 heads, vocabulary 11, no dropout; float64, seed 0) and a batch of
+    3 x 6 token ids with their next tokens as targets (the perturbation engines' GPT-2 tests)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=6, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    ids = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(2))
+    return transformers.GPT2LMHeadModel(config).double(), ids, torch.roll(ids, -1, 1)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_contract import EngineContract, toy_batch
+from helpers import tiny_gpt2_batch
 from torch import nn
 
 import tasks
@@ -180,13 +181,8 @@ def test_directions_are_their_definition_computed_by_hand(case):
 def test_gpt2_one_direction_is_its_definition_and_its_tied_head_is_weight_perturbed():
     """transformers GPT-2 (float64): the tied lm_head (its weight is wte's, read by the embedding) is weight-perturbed,
     the 4 Conv1D layers activity-perturbed per example (rows of (B, T, d) grouped by example)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=6, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).double()
-    ids = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(2))
-    targets = torch.roll(ids, -1, 1)
+    pytest.importorskip("transformers")
+    model, ids, targets = tiny_gpt2_batch()
     engine = trainers.build_engine("fgrad_act", seed=5)
     got = estimate(engine, model, ids, targets, tasks.sequence_cross_entropy)
     plan = engine.plans[id(model)]

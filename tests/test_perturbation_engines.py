@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import Crash
+from helpers import Crash, tiny_gpt2_batch
 from torch import nn
 
 import models
@@ -179,13 +179,8 @@ def test_a_killed_run_resumes_with_the_same_directions(tmp_path, kind):
 def test_a_forward_gradient_of_transformers_gpt2_is_grad_dot_v_times_v():
     """Attention runs in its composite form under the forward-mode pass (the fused CPU kernel has no forward-mode
     derivative): the estimate is still (grad . v) v of GPT-2's loss (float64)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=6, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).double()
-    ids = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(2))
-    targets = torch.roll(ids, -1, 1)
+    pytest.importorskip("transformers")
+    model, ids, targets = tiny_gpt2_batch()
     g = flat(torch.autograd.grad(tasks.sequence_cross_entropy(model(ids).logits, targets),
                                  list(model.parameters())))
     model.zero_grad()
