@@ -315,3 +315,23 @@ def test_fa_on_gpt2_covers_its_conv1d_layers_and_with_b_equal_w_is_backprop():
     assert relative(engine_grads(model, engine, x, y, sequence_cross_entropy), exact) < 1e-12
     dfa = engine_grads(model, trainers.build_engine("dfa"), x, y, sequence_cross_entropy)
     assert relative(dfa, exact) > 1e-3 and all(torch.isfinite(g).all() for g in dfa.values())
+
+
+@pytest.mark.parametrize("engine", ["fa", "dfa"])
+def test_longformer_which_writes_into_its_query_projection_passes_the_layer_paths_self_check(engine):
+    """transformers' Longformer scales its query projection in place through a view: the layer path's first-batch
+    self-check (each local backward with the forward weight as feedback equals autograd's) passes, so FA and DFA
+    train it (they refused it: "Output 0 of _LocalBackward is a view and is being modified inplace")."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LongformerConfig(vocab_size=20, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                           intermediate_size=32, max_position_embeddings=64, num_labels=3,
+                                           attention_window=4, hidden_dropout_prob=0.0,
+                                           attention_probs_dropout_prob=0.0)
+    model = transformers.LongformerForSequenceClassification(config).double()
+    x, y = torch.randint(1, 20, (2, 8), generator=torch.Generator().manual_seed(1)), torch.tensor([0, 2])
+    built = trainers.build_engine(engine)
+    built.prepare(model, x, y, cross_entropy_loss)
+    got = engine_grads(model, built, x, y)
+    exact = engine_grads(model, trainers.build_engine("backprop"), x, y)
+    assert all(torch.isfinite(g).all() for g in got.values()) and relative(got, exact) > 1e-3  # not backprop

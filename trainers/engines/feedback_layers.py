@@ -168,7 +168,9 @@ class _LocalBackward(torch.autograd.Function):
         ctx.kind, ctx.feed = kind, feed
         out = kind.forward(x, weight, bias)
         ctx.computed = out.dtype
-        return out
+        # F.linear on a (B, T, d) input returns a view of its 2-D product; a view made inside a Function forbids
+        # the model's in-place writes into the output (Longformer, DeBERTa v1): the same storage, not a view
+        return out.detach() if out._is_view() else out
 
     @staticmethod
     def backward(ctx, g):
