@@ -159,17 +159,23 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     return [c for c in calls if c.end >= 0]
 
 
-def _chain(calls: list[_Call]) -> tuple[list[_Call], dict[int, _Call]]:
+def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tuple[list[_Call], dict[int, _Call]]:
     """The longest chain of like calls, each fed the previous one's output or the output of one **join** fed
     the previous one's (a module called on the state alone between two stages: ConvNeXt's and Swin's
-    downsampling), and the joins, by the id of the call they feed (module docstring)."""
+    downsampling), and the joins, by the id of the call they feed (module docstring). Like: of one module class,
+    or (a hybrid: Jamba's Mamba and attention layers) modules made of modules that keep the state's shape, items
+    of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module id -> the list holding it)."""
     best: list[_Call] = []
     best_joins: dict[int, _Call] = {}
-    by_class: dict[type, list[_Call]] = {}
+    by_class: dict[Any, list[_Call]] = {}
     by_input: dict[int, list[_Call]] = {}
     for call in calls:
         if call.x is not None and call.y is not None and any(True for _ in call.module.parameters()):
             by_class.setdefault(type(call.module), []).append(call)
+            holder = (lists or {}).get(id(call.module))
+            if holder is not None and any(True for _ in call.module.children()) \
+                    and call.x_value.shape == call.y_value.shape:
+                by_class.setdefault(("items of", id(holder)), []).append(call)
         if call.x is not None and len(call.args) == 1 and call.args[0] is call.x and not call.kwargs:
             by_input.setdefault(id(call.x), []).append(call)
 
@@ -626,7 +632,8 @@ def _build(model: nn.Module, calls: list[_Call], chain: list[_Call], joins: dict
     for sub in sublayers:
         counts[sub.describe()] = counts.get(sub.describe(), 0) + 1
     where_found = sorted({names[id(m)].rpartition(".")[0] for m in modules})
-    found = (f"{len(chain)} blocks ({type(modules[0]).__name__} in {', '.join(w or 'the model' for w in where_found)})"
+    kinds = ", ".join(dict.fromkeys(type(m).__name__ for m in modules))  # a hybrid's: each class once, in order
+    found = (f"{len(chain)} blocks ({kinds} in {', '.join(w or 'the model' for w in where_found)})"
              f" as {len(sublayers)} residual sublayers: "
              + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
                          for k, n in counts.items()))
@@ -703,11 +710,14 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
     model.eval()  # no dropout in the run that is read
     try:
         calls = _trace(model, inputs, targets)
-        chain, joins = _chain(calls)
+        lists = {id(item): holder for holder in model.modules() if isinstance(holder, (nn.ModuleList, nn.Sequential))
+                 for item in holder.children()}
+        chain, joins = _chain(calls, lists)
         if len(chain) < 2:
             raise ModelConfigError(
                 f"residual_stack: found no repeated blocks in {type(model).__name__} (two or more calls of one "
-                f"module class with parameters, each given the previous one's output); declare them: "
+                f"module class with parameters, or of items of one ModuleList that keep the state's shape, each "
+                f"given the previous one's output); declare them: "
                 f"models.residual_stack(model, stem=..., blocks=[...], head=..., example=...)")
         names = _names(model)
         stack, said = _build(model, calls, chain, joins, gamma, names)
