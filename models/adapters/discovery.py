@@ -4,8 +4,9 @@
     trainers.build_engine("highway", k=2).compute_grads(stack, tokens, targets, loss_fn)
 
 One run of the example with a hook on every module records the calls in order. The
-**blocks** are the longest chain of calls of one module class with parameters in which each
-call's first tensor argument is the previous call's first output tensor
+**blocks** are the longest chain of calls of one module class with parameters (or of items of one
+``nn.ModuleList`` or ``nn.Sequential``, whatever their classes, that keep the state's shape: a hybrid's
+Mamba and attention layers) in which each call's first tensor argument is the previous call's first output tensor
 (``transformer.h``, ``model.layers``, ``bert.encoder.layer``, ``blocks``, ``layer1..4``), or the
 output of one **join** given the previous one's: a module called on the state alone between two
 stages of blocks that keep the state's shape (ConvNeXt's and Swin's downsampling); a join is an
