@@ -338,13 +338,13 @@ def test_longformer_which_writes_into_its_query_projection_passes_the_layer_path
 
 
 def test_a_hybrid_of_mamba_and_attention_layers_is_one_residual_chain_exact_at_k_of_its_depth():
-    """transformers' Jamba alternates Mamba and attention decoder layers (two classes in model.layers): discovery
-    finds them as one chain, and Highway-BP at k >= L is backprop, at k = 0 not (float64; Mamba's reference scan
-    runs partly in float32, hence 1e-6)."""
+    """transformers' Jamba alternates Mamba and attention decoder layers (two classes, each twice, in model.layers):
+    discovery finds them as one chain, and Highway-BP at k >= L is backprop, at k = 0 not (float64; Mamba's
+    reference scan runs partly in float32, hence 1e-6)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.JambaConfig(
-        vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
         num_key_value_heads=1, num_experts=1, num_experts_per_tok=1, attn_layer_period=2, attn_layer_offset=1,
         expert_layer_period=2, mamba_d_state=4, mamba_d_conv=2, mamba_expand=2, mamba_dt_rank=4,
         use_mamba_kernels=False)
@@ -352,7 +352,7 @@ def test_a_hybrid_of_mamba_and_attention_layers_is_one_residual_chain_exact_at_k
     ids = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(1))
     targets = torch.roll(ids, -1, 1)
     stack = models.residual_stack(model, example=(ids, targets))
-    assert stack.found.startswith("2 blocks (JambaMambaDecoderLayer, JambaAttentionDecoderLayer in model.layers)")
+    assert stack.found.startswith("4 blocks (JambaMambaDecoderLayer, JambaAttentionDecoderLayer in model.layers)")
     exact = engine_grads(stack, trainers.build_engine("backprop"), ids, targets, sequence_cross_entropy)
     depth = len(stack.blocks)
     got = engine_grads(stack, trainers.build_engine("highway", k=depth), ids, targets, sequence_cross_entropy)

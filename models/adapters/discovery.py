@@ -165,7 +165,8 @@ def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tup
     the previous one's (a module called on the state alone between two stages: ConvNeXt's and Swin's
     downsampling), and the joins, by the id of the call they feed (module docstring). Like: of one module class,
     or (a hybrid: Jamba's Mamba and attention layers) modules made of modules that keep the state's shape, items
-    of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module id -> the list holding it)."""
+    of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module id -> the list holding it) in which some class
+    comes again (items all of different classes are the parts of one block: T5's attention and feed-forward)."""
     best: list[_Call] = []
     best_joins: dict[int, _Call] = {}
     by_class: dict[Any, list[_Call]] = {}
@@ -189,7 +190,7 @@ def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tup
         return next((j for j in by_input.get(id(prev.y), []) if j.y is call.x and prev.end < j.start
                      and j.end < call.start and type(j.module) is not type(call.module)), None)
 
-    for group in by_class.values():
+    for key, group in by_class.items():
         longest: dict[int, list[_Call]] = {}  # index in group -> the longest chain ending there
         joins: dict[int, dict[int, _Call]] = {}  # ... and its joins
         for i, call in enumerate(group):
@@ -205,6 +206,9 @@ def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tup
         for i, chain in longest.items():
             if len(chain) > 1 and len(joins[i]) == len(chain) - 1:  # no two blocks fed one by the other: not
                 continue  # repeated residual blocks (DenseNet's norms, joined by its convolutions)
+            kinds = [type(c.module) for c in chain]
+            if isinstance(key, tuple) and len(set(kinds)) == len(kinds):  # a list's items, no class repeated: the
+                continue  # parts of one block (T5's self-attention, cross-attention, feed-forward), not a hybrid
             size = sum(p.numel() for c in chain for p in c.module.parameters())
             best_size = sum(p.numel() for c in best for p in c.module.parameters())
             if (len(chain), size) > (len(best), best_size):
