@@ -105,6 +105,68 @@ def test_lowrank_step_equals_the_dense_cayley_step(shape, scale, given):
     assert torch.allclose(written, Y, atol=1e-14, rtol=0)
 
 
+def drifted(out, inp, size, seed=5):
+    """An orthogonal matrix moved off the orthogonal set by ``size`` (Frobenius): X^T X - I of that order."""
+    W = orthogonal_matrix(out, inp)
+    noise = torch.randn(out, inp, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    return W + size * noise / noise.norm()
+
+
+def frame_gram_error(W):
+    X = W.T if W.shape[0] < W.shape[1] else W
+    return X.T @ X - torch.eye(X.shape[1], dtype=F64)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_drift_measures_are_their_definitions(shape):
+    """dense_drift = rms eigenvalue of X^T X - I over 64 eps; _drift_along = ||Q_s^T (X^T X - I) Q_s||_F / ||Q_s||_F^2
+    on the first 16 of the batch's vectors; prepare_lowrank_cayley's risk = max(drift along / 64 eps, 2 ||S||_F)."""
+    from models.orthogonal.cayley import _drift_along, dense_drift, prepare_lowrank_cayley
+
+    out, inp = SHAPES[shape]
+    eps64 = 64 * torch.finfo(F64).eps
+    W = drifted(out, inp, 1e-9)
+    E = frame_gram_error(W)
+    rms = float(torch.linalg.eigvalsh(E).square().mean().sqrt())
+    assert float(dense_drift(W)) == pytest.approx(rms / eps64, rel=1e-6) and float(dense_drift(W)) > 1
+    P, Q = factors(out, inp, r=20)  # more vectors than the 16 read
+    X, QX = (W.T, P) if out < inp else (W, Q)
+    Qs = QX[:, :16]
+    expected = float((Qs.T @ E @ Qs).norm() / Qs.square().sum())
+    assert float(_drift_along(X @ QX, QX)) == pytest.approx(expected, rel=1e-6)
+    P, Q = factors(out, inp, r=3, scale=0.05)
+    step = prepare_lowrank_cayley(W.clone(), P, Q, 0.3)
+    risk = max(float(_drift_along(step.K, step.QX)) / eps64, 2 * float(torch.linalg.matrix_norm(step.S)))
+    assert float(step.risk) == pytest.approx(risk, rel=1e-12)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_drifted_weight_takes_the_step_then_one_bjorck_iteration_and_an_orthogonal_one_none(shape):
+    """Above 64 eps of drift the dense step is the Cayley step of the drifted weight followed by exactly one Björck
+    iteration (from a drift of 1e-3 one iteration leaves ~1e-6, two would leave ~1e-12); the low-rank step, drifted
+    along the batch, ends orthogonal too, next to the dense one; an orthogonal weight takes the step alone."""
+    from models.orthogonal.projection import bjorck
+
+    out, inp = SHAPES[shape]
+    G = torch.randn(out, inp, generator=torch.Generator().manual_seed(3), dtype=F64)
+    for size in (1e-9, 1e-3):
+        W = drifted(out, inp, size)
+        plain = cayley_retract(W, G, 0.3, drifted=False)
+        got = cayley_retract(W, G, 0.3)
+        torch.testing.assert_close(got, bjorck(plain, 1), rtol=0, atol=1e-15)
+        assert frame_gram_error(plain).norm() > size / 10  # the step alone keeps the drift
+    assert 1e-9 < frame_gram_error(got).norm() < 1e-4  # one iteration from 1e-3, not two
+    W = drifted(out, inp, 1e-9)
+    P, Q = factors(out, inp, r=3, scale=0.05)
+    lowrank = cayley_retract_lowrank(W, P, Q, 0.3)
+    assert frame_gram_error(lowrank).norm() < 1e-14
+    torch.testing.assert_close(lowrank, bjorck(cayley_retract(W, P @ Q.T, 0.3, drifted=False), 1), rtol=0,
+                               atol=1e-9)
+    clean = orthogonal_matrix(out, inp)
+    torch.testing.assert_close(cayley_retract(clean, G, 0.3), cayley_retract(clean, G, 0.3, drifted=False),
+                               rtol=0, atol=0)
+
+
 def test_lowrank_step_uses_the_dense_form_when_the_rank_is_not_low():
     W = orthogonal_matrix(12, 12)
     P, Q = factors(12, 12, r=6)
