@@ -325,7 +325,9 @@ def test_two_checkpoints_are_kept_and_a_damaged_newest_falls_back_to_the_previou
     newest, previous = (checkpoint.load_checkpoint(rdir / n)["step"] for n in ("checkpoint.pt", "checkpoint.prev.pt"))
     assert (newest, previous) == (8, 6)
     (rdir / "result.json").unlink()
-    for damage in (lambda b: b[: len(b) // 2], lambda b: os.urandom(len(b)), lambda b: b""):
+    # random bytes after a zero byte: one in 256 random files began with pickle's opcode 0x80 and was refused as a
+    # raw pickle (rightly) instead of read as damaged, a flaky test
+    for damage in (lambda b: b[: len(b) // 2], lambda b: b"\x00" + os.urandom(len(b) - 1), lambda b: b""):
         ckpt = rdir / "checkpoint.pt"
         good = ckpt.read_bytes()
         ckpt.write_bytes(damage(good))

@@ -112,7 +112,11 @@ class _Dense:
         self.transposed = transposed
 
     def forward(self, x, weight, bias):
-        return F.linear(x, weight.t() if self.transposed else weight, bias)
+        # on a (B, T, d) input F.linear with a bias returns a view of its 2-D product, and a view made inside an
+        # autograd Function forbids the model's in-place writes into the output (Longformer): the bias added
+        # after the product instead, into a tensor of its own
+        out = F.linear(x, weight.t() if self.transposed else weight, None if x.dim() > 2 else bias)
+        return out.add_(bias) if x.dim() > 2 and bias is not None else out
 
     def weight_grad(self, x, g, shape):
         gw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])  # (out, in)
@@ -168,9 +172,7 @@ class _LocalBackward(torch.autograd.Function):
         ctx.kind, ctx.feed = kind, feed
         out = kind.forward(x, weight, bias)
         ctx.computed = out.dtype
-        # F.linear on a (B, T, d) input returns a view of its 2-D product; a view made inside a Function forbids
-        # the model's in-place writes into the output (Longformer, DeBERTa v1): the same storage, not a view
-        return out.detach() if out._is_view() else out
+        return out
 
     @staticmethod
     def backward(ctx, g):
