@@ -497,3 +497,93 @@ def test_the_drift_is_measured_from_the_identity():
 
     Q = torch.linalg.qr(torch.randn(12, 8, dtype=F64)).Q
     assert float(dense_drift(Q)) < 1 < float(dense_drift(Q * (1 + 1e-10)))
+
+
+class TiedPair(nn.Module):
+    """Two modules holding one retracted weight (a tied pair), then a plain head."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = make_orthogonal(nn.Linear(8, 8, dtype=F64), "retraction")
+        self.second = nn.Linear(8, 8, dtype=F64)
+        self.second.weight = self.first.weight
+        make_orthogonal(self.second, "retraction")
+        self.out = nn.Linear(8, 3, dtype=F64)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.second(torch.tanh(self.first(x)))))
+
+
+def test_a_tied_retracted_weight_is_one_layer_stepped_once():
+    """retracted_modules lists a weight two modules share once, so the step retracts it once: the dense Cayley step
+    of its whole gradient (a second retraction would move it twice)."""
+    from models.orthogonal.retraction import retracted_modules
+
+    torch.manual_seed(0)
+    model = TiedPair()
+    assert [m.weight for m in retracted_modules(model)] == [model.first.weight]
+    x, y = torch.randn(4, 8, dtype=F64), torch.tensor([0, 1, 2, 0])
+    reference = copy.deepcopy(model)
+    F.cross_entropy(reference(x), y).backward()
+    retraction = CayleyRetraction(model)
+    with retraction.recording():
+        F.cross_entropy(model(x), y).backward()
+    retraction.step(torch.optim.SGD(model.parameters(), lr=0.3))
+    expected = cayley_retract(reference.first.weight.detach(), reference.first.weight.grad, 0.3)
+    torch.testing.assert_close(model.first.weight.detach(), expected, rtol=0, atol=1e-12)
+
+
+def test_a_recording_ends_with_its_block_and_a_disabled_one_records_nothing():
+    """After ``recording()`` no factor reaches it (record_layer_grads has no open recording), and
+    ``recording(enabled=False)`` (gradients averaged over ranks afterwards) installs no hook and keeps nothing."""
+    from models.orthogonal.retraction import _RECORDING, record_layer_grads
+
+    torch.manual_seed(0)
+    model = TiedPair()
+    x, y = torch.randn(4, 8, dtype=F64), torch.tensor([0, 1, 2, 0])
+    retraction = CayleyRetraction(model)
+    with retraction.recording():
+        F.cross_entropy(model(x), y).backward()
+    assert not _RECORDING
+    kept = {k: len(v) for k, v in retraction._factors.items()}
+    record_layer_grads(model.first, torch.randn(4, 8, dtype=F64), torch.randn(4, 8, dtype=F64), 1.0)
+    assert {k: len(v) for k, v in retraction._factors.items()} == kept
+    hooks = len(model.first._forward_hooks)
+    with retraction.recording(enabled=False):
+        assert len(model.first._forward_hooks) == hooks and not _RECORDING
+        F.cross_entropy(model(x), y).backward()
+    assert retraction._factors == {} and retraction._forward == {}
+
+
+def test_the_optimizer_check_reads_only_the_groups_holding_a_retracted_weight():
+    """Adam on the plain parameters beside plain SGD on the retracted weight is a valid split (its own group);
+    Adam on a group holding the retracted weight alone is refused."""
+    torch.manual_seed(0)
+    model = TiedPair()
+    retraction = CayleyRetraction(model)
+    plain = [p for n, p in model.named_parameters() if "out" in n]
+    retracted = [p for n, p in model.named_parameters() if "out" not in n]
+    retraction.check_optimizer(torch.optim.SGD(retracted, lr=0.1))
+    with pytest.raises(ModelConfigError, match="takes plain SGD steps"):
+        retraction.check_optimizer(torch.optim.Adam(retracted, lr=0.1))
+    retraction.check_optimizer(torch.optim.Adam(plain, lr=0.1))  # no retracted weight in it: not this check's
+
+
+def test_factors_reported_without_a_forward_take_the_low_rank_step_of_their_product():
+    """A layer-stack engine's report (record_layer_grads) of alpha D^T H for an input no forward call saw: no
+    pre-activations to reuse, so the step computes W Q itself; the update is the Cayley step of that gradient."""
+    from models.orthogonal.retraction import record_layer_grads
+
+    torch.manual_seed(0)
+    layer = make_orthogonal(nn.Linear(24, 24, dtype=F64), "retraction")
+    gen = torch.Generator().manual_seed(4)
+    delta, inputs = torch.randn(3, 24, generator=gen, dtype=F64), torch.randn(3, 24, generator=gen, dtype=F64)
+    before = layer.weight.detach().clone()
+    retraction = CayleyRetraction(layer)
+    with retraction.recording():
+        record_layer_grads(layer, delta, inputs, 0.5)
+    layer.weight.grad = 0.5 * delta.T @ inputs
+    retraction.step(torch.optim.SGD(layer.parameters(), lr=0.3))
+    assert retraction.lowrank_steps == 1 and retraction.dense_steps == 0, retraction.dense_reasons
+    torch.testing.assert_close(layer.weight.detach(), cayley_retract(before, 0.5 * delta.T @ inputs, 0.3), rtol=0,
+                               atol=1e-12)
