@@ -322,6 +322,18 @@ def test_dfa_one_projection_is_the_separate_projections_with_the_same_matrices_o
         assert all(torch.allclose(first[n], first["b"], rtol=1e-12, atol=1e-15) for n in names)
     else:
         assert not any(torch.allclose(first[n], first["b"], rtol=1e-3) for n in ("c", "out"))
+    # each D is its columns of the one drawn matrix, at its scale: all from column 0 when shared; when disjoint,
+    # side by side, the columns of the three layers one partition of the 15 drawn
+    (projection,) = one.layers.projection.values()
+    spans = {n: (one.layers.slices[n][1], one.layers.slices[n][1] + D[n].shape[1]) for n in names}
+    for n in names:
+        columns = projection[:, spans[n][0]:spans[n][1]]
+        assert cosine(D[n], columns) == pytest.approx(1, abs=1e-12), n
+    if slices == "shared":
+        assert projection.shape[1] == 6 and all(start == 0 for start, _ in spans.values())
+    else:
+        covered = sorted(c for start, end in spans.values() for c in range(start, end))
+        assert projection.shape[1] == 15 and covered == list(range(15))
     separate = trainers.build_engine("dfa", path="layers")
     separate.layers.feedback.update(D)
     expected = grads(model, separate, x, y, sequence_cross_entropy)
