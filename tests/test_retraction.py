@@ -58,6 +58,18 @@ def textbook_cayley(W, G, lr):
     return Y.T if wide else Y
 
 
+def one_step_beside_a_reference(model, x, y, lr):
+    """One recorded backward and retraction step of ``model`` at ``lr``; returns the retraction and an untouched
+    copy of the model holding the same batch's gradients (the step's expected input)."""
+    reference = copy.deepcopy(model)
+    F.cross_entropy(reference(x), y).backward()
+    retraction = CayleyRetraction(model)
+    with retraction.recording():
+        F.cross_entropy(model(x), y).backward()
+    retraction.step(torch.optim.SGD(model.parameters(), lr=lr))
+    return retraction, reference
+
+
 # ----------------------------------------------------------------------------- the math
 @pytest.mark.parametrize("shape", SHAPES)
 def test_dense_step_is_the_textbook_cayley_transform_and_orthogonal(shape):
@@ -248,12 +260,7 @@ def test_autograd_factors_cover_sequences_and_a_layer_called_twice():
     model = Twice()
     x = torch.randn(2, 3, 32, dtype=F64)
     y = torch.tensor([0, 2])
-    reference = copy.deepcopy(model)
-    F.cross_entropy(reference(x), y).backward()
-    retraction = CayleyRetraction(model)
-    with retraction.recording():
-        F.cross_entropy(model(x), y).backward()
-    retraction.step(torch.optim.SGD(model.parameters(), lr=0.3))
+    retraction, reference = one_step_beside_a_reference(model, x, y, 0.3)
     assert retraction.lowrank_steps == 1 and retraction.dense_steps == 0, retraction.dense_reasons
     expected = cayley_retract(reference.inner.weight.detach(), reference.inner.weight.grad, 0.3)
     assert torch.allclose(model.inner.weight, expected, atol=1e-12, rtol=0)
@@ -523,12 +530,7 @@ def test_a_tied_retracted_weight_is_one_layer_stepped_once():
     model = TiedPair()
     assert [m.weight for m in retracted_modules(model)] == [model.first.weight]
     x, y = torch.randn(4, 8, dtype=F64), torch.tensor([0, 1, 2, 0])
-    reference = copy.deepcopy(model)
-    F.cross_entropy(reference(x), y).backward()
-    retraction = CayleyRetraction(model)
-    with retraction.recording():
-        F.cross_entropy(model(x), y).backward()
-    retraction.step(torch.optim.SGD(model.parameters(), lr=0.3))
+    retraction, reference = one_step_beside_a_reference(model, x, y, 0.3)
     expected = cayley_retract(reference.first.weight.detach(), reference.first.weight.grad, 0.3)
     torch.testing.assert_close(model.first.weight.detach(), expected, rtol=0, atol=1e-12)
 
