@@ -150,6 +150,10 @@ if __name__ == "__main__":
         final, wrapped = train(sys.argv[1], 2, engine)
         if torch.distributed.get_rank() == 0:
             torch.save((final, wrapped), f"{sys.argv[1]}/{engine}.pt")
+    # Without this a rank that ends first may abort in gloo's teardown ("terminate called without an active
+    # exception", SIGABRT: PyTorch issue #190489); the Trainer leaves the process group to the script.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 '''
 
 
