@@ -293,3 +293,76 @@ def test_gamma_splits_only_a_plain_residual_and_a_found_post_ln_stack_stays_exac
     assert stack.found.endswith("3 LayerNorm(h + z)")
     got = engine_grads(stack, trainers.build_engine("highway", k=100), x, y, cross_entropy_loss, strip="model.")
     assert relative(got, exact) < 1e-10
+
+
+class Mixer(nn.Module):
+    """A token-mixing residual block of another class (an attention stage's block): h + W softmax(h) ."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(width), nn.Linear(width, width)
+
+    def forward(self, h):
+        return h + self.fc(torch.softmax(self.norm(h), dim=-1))
+
+
+class HybridStages(nn.Module):
+    """A hybrid convnet's layout: a stage of one block kind, a downsampling layer, a stage of another kind, then a
+    third stage fed directly (no join): the chain runs through all seven blocks of three classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 6), nn.Linear(8, 4)
+        self.convs = nn.Sequential(Residual(6), Residual(6), Residual(6))
+        self.down = nn.Linear(6, 8)
+        self.mixers = nn.ModuleList([Mixer(8), Mixer(8)])
+        self.last = nn.Sequential(Residual(8), Residual(8))
+
+    def forward(self, x):
+        h = self.down(self.convs(self.embed(x)))
+        for mixer in self.mixers:
+            h = mixer(h)
+        return self.head(self.last(h))
+
+
+def test_stages_of_different_block_classes_are_one_chain_across_their_seams_exact_at_full_k():
+    model, x, y = classified(HybridStages, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "convs.0.fc.weight")
+    assert len(stack.chain) == 7 and [type(m).__name__ for m in stack.chain] == ["Residual"] * 3 + ["Mixer"] * 2 \
+        + ["Residual"] * 2
+    assert stack.found.startswith("7 blocks (Residual, Mixer in convs, last, mixers) as 8 residual sublayers")
+    k1 = engine_grads(stack, trainers.build_engine("highway", k=1), x, y, cross_entropy_loss, strip="model.")
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    assert relative(k1["convs.0.fc.weight"], exact["convs.0.fc.weight"]) > 1e-4  # a block k + 1 away is approximated
+
+
+
+class Layer(nn.Module):
+    def __init__(self, width_in, width_out):
+        super().__init__()
+        self.fc = nn.Linear(width_in, width_out)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+class StemLayersBeforeStages(nn.Module):
+    """A stem of two layers (the first widens) fed into ConvNeXt-like stages: stitched to the stages, the stem's
+    layers cannot be passed through when the forward is run again for the head (the join would be given the raw
+    input), so that structure does not reproduce the model and the stages alone are the stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.head = nn.Sequential(Layer(3, 6), Layer(6, 6)), nn.Linear(8, 4)
+        self.stage1 = nn.Sequential(Residual(6), Residual(6))
+        self.down = nn.Linear(6, 8)
+        self.stage2 = nn.Sequential(Residual(8), Residual(8))
+
+    def forward(self, x):
+        return self.head(self.stage2(self.down(self.stage1(self.stem(x)))))
+
+
+def test_stages_stitched_only_where_the_found_structure_reproduces_the_model():
+    model, x, y = classified(StemLayersBeforeStages, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "stage1.0.fc.weight")
+    assert [type(m).__name__ for m in stack.chain] == ["Residual"] * 4

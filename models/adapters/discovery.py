@@ -10,7 +10,10 @@ Mamba and attention layers) in which each call's first tensor argument is the pr
 (``transformer.h``, ``model.layers``, ``bert.encoder.layer``, ``blocks``, ``layer1..4``), or the
 output of one **join** given the previous one's: a module called on the state alone between two
 stages of blocks that keep the state's shape (ConvNeXt's and Swin's downsampling); a join is an
-exact boundary, and a chain needs two blocks fed one by the other somewhere.
+exact boundary, and a chain needs two blocks fed one by the other somewhere. Chains of different kinds
+follow one another across stages (a hybrid convnet's convolution stages, then its attention stages: timm's
+CoAtNet) where each is fed the last one's output, directly or through one join; such a stitched chain is
+kept only where it reproduces the model's outputs on the example, else the longest single chain is.
 The **stem** is the model's forward up to the first block: each batch runs it and stops at
 the first block, keeping the arguments the forward passes to it (attention masks, rotary
 cos/sin: rebuilt for every batch, never replayed from the example; a KV cache is dropped).
@@ -160,13 +163,15 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     return [c for c in calls if c.end >= 0]
 
 
-def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tuple[list[_Call], dict[int, _Call]]:
-    """The longest chain of like calls, each fed the previous one's output or the output of one **join** fed
-    the previous one's (a module called on the state alone between two stages: ConvNeXt's and Swin's
-    downsampling), and the joins, by the id of the call they feed (module docstring). Like: of one module class,
-    or (a hybrid: Jamba's Mamba and attention layers) modules made of modules that keep the state's shape, items
-    of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module id -> the list holding it) in which some class
-    comes again (items all of different classes are the parts of one block: T5's attention and feed-forward)."""
+def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> list[tuple[list[_Call], dict]]:
+    """The candidate chains of blocks with their joins, best first: stages of different blocks stitched across
+    their seams (``_stitched``) where that is longer, then the longest chain of like calls, each fed the previous
+    one's output or the output of one **join** fed the previous one's (a module called on the state alone between
+    two stages: ConvNeXt's and Swin's downsampling); joins are keyed by the id of the call they feed (module
+    docstring). Like: of one module class, or (a hybrid: Jamba's Mamba and attention layers) modules made of
+    modules that keep the state's shape, items of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module
+    id -> the list holding it) in which some class comes again (items all of different classes are the parts of
+    one block: T5's attention and feed-forward)."""
     best: list[_Call] = []
     best_joins: dict[int, _Call] = {}
     by_class: dict[Any, list[_Call]] = {}
@@ -190,6 +195,18 @@ def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tup
         return next((j for j in by_input.get(id(prev.y), []) if j.y is call.x and prev.end < j.start
                      and j.end < call.start and type(j.module) is not type(call.module)), None)
 
+    def seam(prev: _Call, call: _Call) -> tuple[bool, _Call | None]:
+        """Can ``call`` follow ``prev`` across stages: fed its output, or that of one module called on it alone
+        in between (a downsampling layer; it may change the shape: an exact boundary)? And the join, if any."""
+        if prev.end >= call.start:
+            return False, None
+        if prev.y is call.x:
+            return True, None
+        joined = next((j for j in by_input.get(id(prev.y), []) if j.y is call.x and prev.end < j.start
+                       and j.end < call.start), None)
+        return joined is not None, joined
+
+    segments: list[tuple[list[_Call], dict[int, _Call]]] = []  # repeated chains, each of one kind
     for key, group in by_class.items():
         longest: dict[int, list[_Call]] = {}  # index in group -> the longest chain ending there
         joins: dict[int, dict[int, _Call]] = {}  # ... and its joins
@@ -209,11 +226,33 @@ def _chain(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> tup
             kinds = [type(c.module) for c in chain]
             if isinstance(key, tuple) and len(set(kinds)) == len(kinds):  # a list's items, no class repeated: the
                 continue  # parts of one block (T5's self-attention, cross-attention, feed-forward), not a hybrid
+            if len(chain) > 1:
+                segments.append((chain, joins[i]))
             size = sum(p.numel() for c in chain for p in c.module.parameters())
             best_size = sum(p.numel() for c in best for p in c.module.parameters())
             if (len(chain), size) > (len(best), best_size):
                 best, best_joins = chain, joins[i]
-    return best, best_joins
+    stitched = _stitched(segments, seam)
+    return [stitched, (best, best_joins)] if len(stitched[0]) > len(best) else [(best, best_joins)]
+
+
+def _stitched(segments: list[tuple[list[_Call], dict[int, _Call]]],
+              seam: Callable[[_Call, _Call], tuple[bool, _Call | None]]) -> tuple[list[_Call], dict[int, _Call]]:
+    """The longest sequence of repeated chains of different kinds, each following the previous one across a
+    seam (stages of different blocks: a hybrid convnet's convolution stages, then its attention stages), with
+    their joins; each chain has two blocks or more, so the parts of one block (T5's sublayers) are never one."""
+    segments = sorted(segments, key=lambda segment: segment[0][0].start)
+    longest: list[tuple[list[_Call], dict[int, _Call]]] = []
+    for chain, joins in segments:
+        here = (chain, joins)
+        for before, before_joins in longest:
+            if len(before) + len(chain) <= len(here[0]):
+                continue
+            follows, joined = seam(before[-1], chain[0])
+            if follows:
+                here = (before + chain, {**before_joins, **joins, **({id(chain[0]): joined} if joined else {})})
+        longest.append(here)
+    return max(longest, key=lambda found: len(found[0]), default=([], {}))
 
 
 @contextlib.contextmanager
@@ -685,7 +724,7 @@ def _feeder(model: nn.Module, calls: list[_Call], stack: ResidualFound, start: i
     """A second chain of blocks that ran before the stack's first block and whose output one of its side inputs
     is made of (an encoder, whose output every decoder block reads): its own residual stack, or None."""
     earlier = [c for c in calls if c.end < start]  # what ran, and ended, before the stack's first block
-    chain, joins = _chain(earlier)
+    chain, joins = _chains(earlier)[0]
     if len(chain) < 2 or {id(c.module) for c in chain} & {id(m) for m in stack.chain}:
         return None
     try:
@@ -707,6 +746,20 @@ def _feeder(model: nn.Module, calls: list[_Call], stack: ResidualFound, start: i
     return (feeder, said) if reached else None
 
 
+def _reproduces(stack: ResidualFound, inputs, targets) -> bool:
+    """The stem, the sublayers one after the other and the head give the model's outputs on the example."""
+    try:
+        with torch.no_grad():
+            h = stack.stem(inputs, targets)
+            for sub in stack.blocks:
+                h = sub(h)
+            outputs, expected = stack.head(h), call_model(stack.model, inputs, targets).outputs
+    except Exception:  # noqa: BLE001 - a structure the forward cannot run through is not the model's
+        return False
+    scale = expected.abs().max().clamp_min(1e-12)
+    return outputs.shape == expected.shape and bool(((outputs - expected).abs().max() / scale) < 1e-5)
+
+
 def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None,
              gamma: float = 0.0) -> ResidualFound:
     """Find the stem, blocks and head of ``model`` from one run of ``inputs`` (module docstring); ``gamma``:
@@ -717,16 +770,23 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         calls = _trace(model, inputs, targets)
         lists = {id(item): holder for holder in model.modules() if isinstance(holder, (nn.ModuleList, nn.Sequential))
                  for item in holder.children()}
-        chain, joins = _chain(calls, lists)
-        if len(chain) < 2:
+        candidates = _chains(calls, lists)
+        if len(candidates[0][0]) < 2:
             raise ModelConfigError(
                 f"residual_stack: found no repeated blocks in {type(model).__name__} (two or more calls of one "
                 f"module class with parameters, or of items of one ModuleList that keep the state's shape, each "
                 f"given the previous one's output); declare them: "
                 f"models.residual_stack(model, stem=..., blocks=[...], head=..., example=...)")
         names = _names(model)
-        stack, said = _build(model, calls, chain, joins, gamma, names)
-        sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})
+        for n, (chain, joins) in enumerate(candidates, start=1):
+            try:  # stitched stages that are not one stack (arguments per block the forward cannot give, a stem's
+                stack, said = _build(model, calls, chain, joins, gamma, names)  # layers taken for a stage): the
+                sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})  # longest single
+                if n == len(candidates) or _reproduces(stack, inputs, targets):  # chain, as before
+                    break
+            except ModelConfigError:
+                if n == len(candidates):
+                    raise
         fed = _feeder(model, calls, stack, said["start"], gamma, names, inputs, targets)
         if fed is not None:
             feeder, feeder_said = fed
