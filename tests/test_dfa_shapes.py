@@ -100,20 +100,22 @@ def test_dfa_projects_in_the_dtype_a_layer_computes_in():
 
 
 class SharedTable(nn.Module):
-    """A layer on a table shared by the whole batch (1, T, D), as DeBERTa's position projections."""
+    """A layer on a table shared by the whole batch: (1, T, D) as DeBERTa's position projections, or without a
+    batch dimension, (T, D), as timm's relative-position MLP on its coordinate table."""
 
-    def __init__(self):
+    def __init__(self, shape):
         super().__init__()
-        self.table, self.proj = nn.Parameter(torch.randn(1, T, D)), nn.Linear(D, D)
+        self.table, self.proj = nn.Parameter(torch.randn(shape)), nn.Linear(D, D)
         self.out = nn.Linear(D, C)
 
     def forward(self, x):  # x: (B, T, D)
         return self.out(torch.tanh(x + self.proj(self.table)).mean(1))
 
 
-def test_dfa_gives_a_layer_on_a_batch_shared_table_the_sum_of_the_samples_projections():
+@pytest.mark.parametrize("shape", [(1, T, D), (T, D)], ids=["led by 1", "no batch dimension"])
+def test_dfa_gives_a_layer_on_a_batch_shared_table_the_sum_of_the_samples_projections(shape):
     torch.manual_seed(0)
-    model = SharedTable().double()
+    model = SharedTable(shape).double()
     gen = torch.Generator().manual_seed(4)
     x, y = torch.randn(B, T, D, generator=gen, dtype=torch.float64), torch.randint(0, C, (B,), generator=gen)
     engine = trainers.build_engine("dfa", path="layers")
@@ -122,7 +124,7 @@ def test_dfa_gives_a_layer_on_a_batch_shared_table_the_sum_of_the_samples_projec
     assert P.shape == (C, T * D)
     with torch.no_grad():
         e = (torch.softmax(model(x), -1) - nn.functional.one_hot(y, C)) / B
-    assert relative(got["table"], (e @ P).sum(0).reshape(1, T, D)) < 1e-12
+    assert relative(got["table"], (e @ P).sum(0).reshape(shape)) < 1e-12
 
 
 class UserCNN(nn.Module):

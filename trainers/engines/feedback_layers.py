@@ -345,12 +345,10 @@ class LocalFeedback:
             if per_sample:  # per sample, whatever the layout
                 P = self._project(index, name, "sample", e.reshape(batch, -1), x.numel() // batch, weight, kind)
                 return P.reshape(x.shape).to(x.dtype)
-            if x.shape[0] == 1:  # one input for the whole batch (DeBERTa's relative table): the samples' sum
-                P = self._project(index, name, "sample", e.reshape(batch, -1), x.numel(), weight, kind)
-                return P.sum(0).reshape(x.shape).to(x.dtype)
-            raise ModelConfigError(f"trainer 'dfa' cannot project the output error {tuple(e.shape)} to the input "
-                                   f"{tuple(x.shape)} of {name}: its first dimension is neither the batch ({batch}), "
-                                   f"a multiple of it, nor 1")
+            # one input for the whole batch, led by 1 (DeBERTa's relative table) or by no batch dimension at all
+            # (timm's relative-position MLP on its coordinates): the samples' projections summed
+            P = self._project(index, name, "sample", e.reshape(batch, -1), x.numel(), weight, kind)
+            return P.sum(0).reshape(x.shape).to(x.dtype)
         return dfa
 
     def _forward(self, index: int, name: str, module: nn.Module) -> Callable:
