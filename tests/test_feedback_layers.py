@@ -113,8 +113,57 @@ def inplace_view_case():
         cross_entropy_loss, 2
 
 
+class ConvWithDefaults(nn.Conv2d):
+    """A convolution whose forward passes only its input and weight, positionally: stride, padding, dilation and
+    groups are F.conv2d's defaults (1, 0, 1, 1), whatever the module was built with."""
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight)
+
+
+class WrittenOut(nn.Linear):
+    """A linear layer whose forward writes x W^T + b out, with no F.linear call."""
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+class TwoCalls(nn.Linear):
+    """A linear layer whose forward makes a second linear call, with a weight of its own: only the first is the
+    layer's (its feedback); the second is part of the rest of the model, backpropagated exactly."""
+
+    def __init__(self, n_in, n_out, n_extra):
+        super().__init__(n_in, n_out)
+        self.extra = nn.Parameter(torch.randn(n_extra, n_out) / n_out ** 0.5)
+
+    def forward(self, x):
+        return F.linear(torch.tanh(F.linear(x, self.weight, self.bias)), self.extra)
+
+
+class LayerForwards(nn.Module):
+    """Layers whose forwards call the functions as users' subclasses do: "valid" padding, a dilated "same"
+    padding, positional arguments with the defaults, no linear call at all, two linear calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.valid = nn.Conv2d(2, 3, 3, padding="valid")
+        self.defaults = ConvWithDefaults(3, 4, 3, stride=2, padding=1, dilation=2, groups=1, bias=False)
+        self.dilated = nn.Conv2d(4, 4, 3, padding="same", dilation=2)
+        self.written, self.two = WrittenOut(4 * 4 * 4, 6), TwoCalls(6, 5, 10)
+
+    def forward(self, x):  # x: (B, 2, 10, 10) -> 8 x 8 -> 6 x 6 (defaults: no stride, padding nor dilation) -> 6
+        h = torch.tanh(self.dilated(torch.tanh(self.defaults(torch.tanh(self.valid(x))))))
+        return self.two(torch.tanh(self.written(h[:, :, 1:5, 1:5].flatten(1))))
+
+
+def layer_forwards_case():
+    torch.manual_seed(0)
+    return LayerForwards().double(), torch.randn(B, 2, 10, 10, dtype=torch.float64), torch.tensor([1, 2, 3, 9]), \
+        cross_entropy_loss, 5
+
+
 CASES = {"transformer": gpt_case, "resnet": resnet_case, "same padding": same_padding_case,
-         "in place into a view": inplace_view_case}
+         "in place into a view": inplace_view_case, "layer forwards": layer_forwards_case}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -127,7 +176,8 @@ def test_fa_with_the_forward_weights_as_feedback_is_backprop_and_drawn_feedback_
     engine = trainers.build_engine("fa")
     model.load_state_dict(state)  # BatchNorm's statistics as before
     drawn = grads(model, engine, x, y, loss_fn)
-    reading_data = {"resnet": ["stem"], "same padding": ["conv1"], "in place into a view": ["query"]}.get(case, [])
+    reading_data = {"resnet": ["stem"], "same padding": ["conv1"], "in place into a view": ["query"],
+                    "layer forwards": ["valid"]}.get(case, [])
     assert sorted(engine.layers.feedback) == sorted(name for name, _ in covered if name not in reading_data)
     below_the_top = [name for name, _ in covered][:-1]  # the output layer's error is e itself
     for name in below_the_top:
@@ -205,3 +255,66 @@ def test_fa_and_dfa_train_a_transformer_through_the_trainer_and_resume_their_fee
         torch.testing.assert_close(g, first[name], rtol=0, atol=0)
     other = grads(model, trainers.build_engine(rule, feedback_seed=7), x, y, loss_fn)
     assert relative(other["h.0.fc.weight"], first["h.0.fc.weight"]) > 1e-3
+
+
+def test_the_coverage_line_counts_the_layers_by_class_and_names_those_written_out():
+    model, x, y, loss_fn, _ = layer_forwards_case()
+    engine = trainers.build_engine("fa")
+    grads(model, engine, x, y, loss_fn)
+    assert engine.layers.coverage(model) == (
+        "the backward of 5 layers of LayerForwards replaced by the feedback (2 Conv2d, 1 ConvWithDefaults, "
+        "1 WrittenOut, 1 TwoCalls); everything else exact; 1 run as x W^T + b written out, their forward making no "
+        "linear call (written)")
+
+
+class Unused(nn.Module):
+    """A layer built but never called (a head kept for another task): the loss does not reach it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out, self.spare = nn.Linear(6, 7), nn.Linear(7, 3), nn.Linear(7, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc(x)))
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_a_parameter_the_loss_does_not_reach_gets_no_gradient_as_under_backprop(rule):
+    torch.manual_seed(0)
+    model, x, y = Unused().double(), torch.randn(B, 6, dtype=torch.float64), torch.tensor([0, 2, 1, 1])
+    exact = grads(model, trainers.build_engine("backprop"), x, y, cross_entropy_loss)
+    got = grads(model, trainers.build_engine(rule), x, y, cross_entropy_loss)
+    for name in ("spare.weight", "spare.bias"):
+        assert torch.equal(got[name], exact[name]) and not got[name].any()
+    assert got["fc.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_the_feedback_follows_the_model_to_another_dtype(rule):
+    """Drawn in float64 at the first step, the feedback (FA's B, DFA's projection) is cast with the model to
+    float32: the same rule, in float32."""
+    torch.manual_seed(0)
+    model, x, y = OneHidden(hidden=2).double(), torch.randn(B, 6, dtype=torch.float64), torch.tensor([0, 2, 1, 1])
+    engine = trainers.build_engine(rule)
+    first = grads(model, engine, x, y, cross_entropy_loss)
+    after = grads(model.float(), engine, x.float(), y, cross_entropy_loss)
+    kept = engine.layers.feedback if rule == "fa" else engine.layers.projection
+    assert kept and all(t.dtype == torch.float32 for t in kept.values())
+    for name, g in first.items():
+        assert after[name].dtype == torch.float32
+        torch.testing.assert_close(after[name].double(), g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_layer_state_saved_without_its_step_resumes_the_draws_from_step_0():
+    """brsf draws its magnitudes from (seed, layer, step): a state written before the step was kept (an older
+    checkpoint) loads at step 0, the draws of a fresh engine."""
+    model, x, y, loss_fn, _ = layer_forwards_case()
+    fresh = trainers.build_engine("brsf")
+    state = fresh.state_dict()
+    expected = grads(model, fresh, x, y, loss_fn)
+    state["layers"].pop("step")
+    older = trainers.build_engine("brsf")
+    older.load_state_dict(state)
+    assert older.layers.step == 0
+    for name, g in grads(model, older, x, y, loss_fn).items():
+        assert torch.equal(g, expected[name]), name

@@ -304,7 +304,6 @@ class LocalFeedback:
             if offset + width > drawn:  # the projection widened by the columns this layer needs
                 fresh = uniform((errors.shape[1], offset + width - drawn), generator(self.seed, index, drawn))
                 self.projection[key] = fresh.to(errors) if base is None else torch.cat([base, fresh.to(base)], 1)
-                self._projected.pop(key, None)
             r = scale_of(self.scale, errors.shape[1], width, weight)
             self.slices[name] = (key, offset, width, math.sqrt(3) * r)
         key, offset, width, amplitude = self.slices[name]
