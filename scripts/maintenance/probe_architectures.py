@@ -286,6 +286,25 @@ def timm_cases() -> list[Case]:
         _timm("repvgg_a0", "re-parameterisable branches"),
         _timm("hrnet_w18_small", "multi-resolution fusion"),
         _timm("mobilenetv1_100", "depthwise separable"),
+        # hybrids (issue 51): stages of different block kinds, relative-position MLPs
+        _timm("coatnet_nano_rw_224", "MBConv stages, then attention stages", img_size=64, image=64),
+        _timm("coatnet_rmlp_nano_rw_224", "as CoAtNet, relative-position MLP", img_size=64, image=64),
+        _timm("maxxvit_rmlp_nano_rw_256", "block and grid attention, relative-position MLP", img_size=128,
+              image=128),
+        _timm("fastvit_t8", "reparameterisable stem, RepMixer stages"),
+        _timm("tiny_vit_5m_224", "MBConv stage, then attention stages"),
+        _timm("caformer_s18", "MetaFormer: convolution stages, then attention stages"),
+        _timm("convit_tiny", "gated positional, then plain attention", img_size=IMAGE, patch_size=8, embed_dim=48,
+              depth=4, num_heads=4, local_up_to_layer=2),
+        _timm("coat_lite_tiny", "serial blocks, convolutional position encoding", img_size=IMAGE),
+        _timm("edgenext_xx_small", "convolution stages, then split transposed attention"),
+        _timm("efficientvit_b0", "MBConv, then linear attention"),
+        _timm("nextvit_small", "convolution and transformer blocks in each stage"),
+        _timm("repvit_m1", "re-parameterisable mobile ViT-like blocks"),
+        _timm("mobilevitv2_050", "convolution, then separable attention blocks"),
+        _timm("vit_relpos_small_patch16_224", "relative-position MLP", **TINY_VIT),
+        _timm("swinv2_tiny_window8_256", "windows, continuous position bias MLP", img_size=IMAGE, window_size=4,
+              embed_dim=16, depths=(2, 2), num_heads=(2, 2)),
     ]
 
 
