@@ -724,7 +724,7 @@ def _feeder(model: nn.Module, calls: list[_Call], stack: ResidualFound, start: i
     """A second chain of blocks that ran before the stack's first block and whose output one of its side inputs
     is made of (an encoder, whose output every decoder block reads): its own residual stack, or None."""
     earlier = [c for c in calls if c.end < start]  # what ran, and ended, before the stack's first block
-    chain, joins = _chains(earlier)[0]
+    chain, joins = _chains(earlier)[-1]  # the longest single chain: stitched stages are not tried for a feeder
     if len(chain) < 2 or {id(c.module) for c in chain} & {id(m) for m in stack.chain}:
         return None
     try:
