@@ -121,6 +121,13 @@ class ConvWithDefaults(nn.Conv2d):
         return F.conv2d(x, self.weight)
 
 
+class SameWithDefaults(nn.Conv2d):
+    """A convolution called with "same" padding positionally and no dilation: F.conv2d's default dilation, 1."""
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, 1, "same")
+
+
 class WrittenOut(nn.Linear):
     """A linear layer whose forward writes x W^T + b out, with no F.linear call."""
 
@@ -149,17 +156,19 @@ class LayerForwards(nn.Module):
         self.valid = nn.Conv2d(2, 3, 3, padding="valid")
         self.defaults = ConvWithDefaults(3, 4, 3, stride=2, padding=1, dilation=2, groups=1, bias=False)
         self.dilated = nn.Conv2d(4, 4, 3, padding="same", dilation=2)
+        self.same = SameWithDefaults(4, 4, 3, dilation=3)
         self.written, self.two = WrittenOut(4 * 4 * 4, 6), TwoCalls(6, 5, 10)
 
     def forward(self, x):  # x: (B, 2, 10, 10) -> 8 x 8 -> 6 x 6 (defaults: no stride, padding nor dilation) -> 6
         h = torch.tanh(self.dilated(torch.tanh(self.defaults(torch.tanh(self.valid(x))))))
+        h = torch.tanh(self.same(h))
         return self.two(torch.tanh(self.written(h[:, :, 1:5, 1:5].flatten(1))))
 
 
 def layer_forwards_case():
     torch.manual_seed(0)
     return LayerForwards().double(), torch.randn(B, 2, 10, 10, dtype=torch.float64), torch.tensor([1, 2, 3, 9]), \
-        cross_entropy_loss, 5
+        cross_entropy_loss, 6
 
 
 CASES = {"transformer": gpt_case, "resnet": resnet_case, "same padding": same_padding_case,
@@ -262,9 +271,9 @@ def test_the_coverage_line_counts_the_layers_by_class_and_names_those_written_ou
     engine = trainers.build_engine("fa")
     grads(model, engine, x, y, loss_fn)
     assert engine.layers.coverage(model) == (
-        "the backward of 5 layers of LayerForwards replaced by the feedback (2 Conv2d, 1 ConvWithDefaults, "
-        "1 WrittenOut, 1 TwoCalls); everything else exact; 1 run as x W^T + b written out, their forward making no "
-        "linear call (written)")
+        "the backward of 6 layers of LayerForwards replaced by the feedback (2 Conv2d, 1 ConvWithDefaults, "
+        "1 SameWithDefaults, 1 WrittenOut, 1 TwoCalls); everything else exact; 1 run as x W^T + b written out, "
+        "their forward making no linear call (written)")
 
 
 class Unused(nn.Module):
@@ -318,3 +327,63 @@ def test_a_layer_state_saved_without_its_step_resumes_the_draws_from_step_0():
     assert older.layers.step == 0
     for name, g in grads(model, older, x, y, loss_fn).items():
         assert torch.equal(g, expected[name]), name
+
+
+class PooledAndPositions(nn.Module):
+    """An LM-like (B, T, C) output from layers that see every position and one that sees each sample once (a
+    summary of the sequence added back to every position): DFA's error laid out both ways in one step."""
+
+    def __init__(self, d=4, c=5):
+        super().__init__()
+        self.embed, self.summary, self.mix, self.out = nn.Linear(3, d), nn.Linear(d, d), nn.Linear(d, d), \
+            nn.Linear(d, c)
+
+    def forward(self, x):
+        h = torch.tanh(self.embed(x))
+        h = h + torch.tanh(self.summary(h.mean(1))).unsqueeze(1)
+        return self.out(torch.tanh(self.mix(h)))
+
+
+def test_dfa_projects_a_sequences_error_per_position_and_per_sample_each_by_its_matrix_whatever_the_length():
+    """Per position, a layer's input gets e_t D (D: C x d); per sample, e_(B, T C) D (D: T C x d), drawn again when
+    a batch of another length comes. The gradients of the layers below are then autograd's through the
+    activations (checked by hand on the embedding, which reads both)."""
+    torch.manual_seed(0)
+    model = PooledAndPositions().double()
+    engine = trainers.build_engine("dfa", path="layers")
+    for length in (5, 7):
+        gen = torch.Generator().manual_seed(length)
+        x = torch.randn(B, length, 3, generator=gen, dtype=torch.float64)
+        y = torch.randint(0, 5, (B, length), generator=gen)
+        got = grads(model, engine, x, y, sequence_cross_entropy)
+        D = {n: engine.layers.matrix(n) for n in ("out", "mix", "summary")}
+        assert {n: tuple(m.shape) for n, m in D.items()} == {"out": (5, 4), "mix": (5, 4), "summary": (length * 5, 4)}
+        assert set(engine.layers.projection) == {"position", "sample"}
+        with torch.no_grad():
+            out = model(x)
+            e = (torch.softmax(out, -1) - F.one_hot(y, 5)) / (B * length)  # dL/dy of the mean cross-entropy
+        a = model.embed(x).requires_grad_()
+        h = torch.tanh(a)
+        pooled = h.mean(1)
+        s = model.summary(pooled)
+        h2 = h + torch.tanh(s).unsqueeze(1)
+        m = model.mix(h2)
+        # the error each layer's input gets: e D at every position (mix, out), e of the sample at the summary's
+        dm_in = e @ D["mix"]
+        ds_in = e.reshape(B, -1) @ D["summary"]
+        h2_grad = dm_in
+        h_grad = h2_grad + (ds_in / length).unsqueeze(1)  # the mean's backward
+        (a_grad,) = torch.autograd.grad(h, a, h_grad)
+        assert relative(got["embed.weight"], a_grad.reshape(-1, 4).T @ x.reshape(-1, 3)) < 1e-12
+        m_grad = e @ D["out"] * (1 - torch.tanh(m) ** 2)
+        assert relative(got["mix.weight"], m_grad.reshape(-1, 4).T @ h2.detach().reshape(-1, 4)) < 1e-12
+
+
+def test_dfa_with_one_error_per_sample_reads_one_matrix_for_dense_and_convolution_layers_alike():
+    """Launay et al.'s one random matrix: with a (B, C) error, every layer's D is a slice of the same projection,
+    whatever its input's layout (a convolution's (B, C, H, W), a dense layer's (B, d))."""
+    model, x, y, loss_fn, _ = resnet_case()
+    engine = trainers.build_engine("dfa", path="layers")
+    grads(model, engine, x, y, loss_fn)
+    assert list(engine.layers.projection) == ["sample"]
+    assert {key for key, *_ in engine.layers.slices.values()} == {"sample"}

@@ -18,7 +18,7 @@ import trainers
 from models.adapters.calling import call_model
 from models.adapters.discovery import ResidualFound
 from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.self_check import differences, failures_refused, quiet, tolerance
+from trainers.core.self_check import differences, failures_refused, loosest, quiet, tolerance
 from trainers.engines.highway import exact_cotangents, highway_iterations
 
 V, T, B, N = 11, 6, 3, 8
@@ -591,3 +591,10 @@ def test_the_checks_passes_each_build_an_eval_mode_cache_of_their_own_and_leave_
     engine = trainers.build_engine(trainer, **({"k": 100} if trainer == "highway" else {"path": "layers"}))
     engine.compute_grads(target, x, y, cross_entropy_loss)
     assert model.training and all(not block.cached.cache for block in model[1:4])
+
+
+def test_the_checks_tolerance_is_the_least_precise_parameter_dtype():
+    mixed = [torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float32),
+             torch.zeros(1, dtype=torch.float64)]
+    assert loosest(mixed) is torch.float32 and loosest(mixed[::2]) is torch.float64
+    assert loosest([torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.bfloat16)]) is torch.bfloat16

@@ -29,8 +29,8 @@ from models.adapters.calling import call_model
 from models.errors import ModelConfigError, one_line
 from trainers.core.precision import autocast_dtype
 
-__all__ = ["kept", "quiet", "autograd_reference", "fresh_eval", "failures_refused", "tolerance", "differences",
-           "refuse_differences"]
+__all__ = ["kept", "quiet", "autograd_reference", "fresh_eval", "failures_refused", "tolerance", "loosest",
+           "differences", "refuse_differences"]
 
 _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 
@@ -39,6 +39,12 @@ def tolerance(dtype: torch.dtype) -> float:
     """The largest measure (module docstring) a parameter may have at an exact setting in ``dtype``, or in the
     half precision autocast computes in where it is on (``trainers.core.precision``)."""
     return _TOLERANCE.get(autocast_dtype() or dtype, 3e-2)
+
+
+def loosest(params: Sequence[torch.Tensor]) -> torch.dtype:
+    """The least precise dtype among ``params``: a model with a float32 layer inside float64 is checked at
+    float32's tolerance."""
+    return max((p.dtype for p in params), key=lambda dtype: torch.finfo(dtype).eps)
 
 
 @contextlib.contextmanager

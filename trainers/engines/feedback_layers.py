@@ -63,6 +63,7 @@ from trainers.core.self_check import (
     differences,
     failures_refused,
     fresh_eval,
+    loosest,
     quiet,
     refuse_differences,
 )
@@ -294,11 +295,12 @@ class LocalFeedback:
         of the step, the projection drawn or widened when first needed."""
         if name in self.feedback:
             return errors @ self.feedback[name].to(errors)
+        base = self.projection.get(key)
+        if base is not None and base.shape[0] != errors.shape[1]:  # another output size (a batch of another
+            del self.projection[key]  # length seen per sample): drawn again, every slice of it with it
+            self.slices = {n: s for n, s in self.slices.items() if s[0] != key}
+            base = None
         if name not in self.slices:
-            base = self.projection.get(key)
-            if base is not None and base.shape[0] != errors.shape[1]:  # another output size: drawn again
-                base = None
-                self.slices = {n: s for n, s in self.slices.items() if s[0] != key}
             drawn = 0 if base is None else base.shape[1]
             offset = 0 if self.shared else sum(w for k, _, w, _ in self.slices.values() if k == key)
             if offset + width > drawn:  # the projection widened by the columns this layer needs
@@ -411,7 +413,7 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
         if mine.shape != outputs.shape or differences(["outputs"], [mine], [outputs], outputs.dtype):
             written = f" (with {', '.join(sorted(mirror.written)[:3])} run as the function of their weight: their " \
                       f"forward makes no linear or convolution call)" if mirror.written else ""
-            wrong = differences([n for n, _ in named], got, expected, params[0].dtype)
+            wrong = differences([n for n, _ in named], got, expected, loosest(params))
             raise ModelConfigError(
                 f"self-check: trainer '{engine}''s forward through the layer functions{written} is not the model's "
                 f"own on the first batch ({len(wrong)} of {len(named)} parameter gradients then differ, first "
@@ -422,6 +424,6 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
             fresh_eval(model)
             feedback.compute(model, inputs, targets, loss_fn, params)
     refuse_differences(f"trainer '{engine}' with every feedback set to its forward weight (FA with B = W)",
-                       [n for n, _ in named], got, expected, params[0].dtype,
+                       [n for n, _ in named], got, expected, loosest(params),
                        "a layer whose backward the feedback replaces computes more than its weight and input show, "
                        "or a weight used outside its layer; train this model with backprop", opt_out)

@@ -65,7 +65,14 @@ from trainers.core.errors import ConfigError, IncompatibleModelError
 from trainers.core.options import option
 from trainers.core.protocols import RecurrentLayer, is_residual_stack, recurrent_forwards, refusal
 from trainers.core.registry import register_engine
-from trainers.core.self_check import autograd_reference, failures_refused, fresh_eval, quiet, refuse_differences
+from trainers.core.self_check import (
+    autograd_reference,
+    failures_refused,
+    fresh_eval,
+    loosest,
+    quiet,
+    refuse_differences,
+)
 
 __all__ = ["Highway", "highway_iterations"]
 
@@ -375,7 +382,7 @@ class Highway(GradientEngine):
         blocks = {id(p) for block in model.blocks for p in block.parameters()}
         outside = {name for name, p in zip(names, params, strict=True) if id(p) not in blocks}
         refuse_differences(f"Highway-BP at k >= L on {found}",
-                           names, [by_param.get(id(p)) for p in params], expected, params[0].dtype,
+                           names, [by_param.get(id(p)) for p in params], expected, loosest(params),
                            lambda wrong: _likely_cause(model, any(n in outside for n in wrong)),
                            "--highway-self-check false (Python: self_check=False)")
 
