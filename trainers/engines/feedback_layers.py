@@ -404,7 +404,6 @@ def check_layer_path(model: nn.Module, inputs, targets, loss_fn, engine: str, fe
     with quiet(model), failures_refused(f"trainer '{engine}'", f"--{engine}-self-check false"):
         outputs, expected = autograd_reference(model, inputs, targets, loss_fn, params)
         mirror = LocalFeedback("fa", seed=0, mirror=True)  # FA with B = W: backprop
-        fresh_eval(model)
         mine, _, got = mirror.compute(model, inputs, targets, loss_fn, params)
         if mirror.uncovered:  # a layer that computes x W^T + b its own way (Falcon's): the function written out
             mirror.written = set(mirror.uncovered)
