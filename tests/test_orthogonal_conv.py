@@ -473,3 +473,102 @@ def test_flatten_linear_refuses_an_input_of_another_shape():
     assert layer(torch.randn(2, 3, 4, 4)).shape == (2, 5) and layer(torch.randn(2, 48)).shape == (2, 5)
     with pytest.raises(ValueError, match=r"FlattenLinear.forward expects \(B, 3, 4, 4\), got \(2, 6, 4, 2\)"):
         layer(torch.randn(2, 6, 4, 2))
+
+
+# --------------------------------------------------------------------------- #
+# What each module says of itself, its defaults and its bad inputs
+# --------------------------------------------------------------------------- #
+class _HiddenStack(nn.Module):
+    """A user's layer stack (trainers.core.protocols.LayerStack) of the conv module's layers, as FOTON reads it."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers, self.dropouts, self.act = nn.ModuleList(layers), [nn.Identity()] * (len(layers) - 1), torch.tanh
+
+    def input_features(self, x):
+        return x
+
+
+def test_every_layer_orthogonal_by_construction_says_so_and_foton_takes_it_as_a_hidden_layer():
+    torch.manual_seed(0)
+    hidden = [OrthogonalConv2d(2, 2, 3, (4, 4)), SpaceToDepth(2, (2, 4, 4)), OrthoConvBlock((8, 2, 2), 8),
+              FlattenLinear((8, 2, 2), 6, orthogonal="cayley")]
+    shapes = [(2, 4, 4), (2, 4, 4), (8, 2, 2), (8, 2, 2)]
+    for layer, shape in zip(hidden, shapes, strict=True):
+        A = _dense(layer.double(), shape)
+        assert (A @ A.T - torch.eye(A.shape[0], dtype=A.dtype)).abs().max() < TOL64, type(layer).__name__
+    assert all(type(layer).is_orthogonal for layer in hidden[:3])
+    foton = trainers.build_engine("foton")
+    foton.check(_HiddenStack([*hidden, FlattenLinear(6, 3)]))
+    with pytest.raises(trainers.IncompatibleModelError, match="hidden layer 1 of _HiddenStack is not"):
+        foton.check(_HiddenStack([hidden[0], FlattenLinear((2, 4, 4), 6), FlattenLinear(6, 3)]))
+    for name in MODELS:  # the zoo's orthogonal CNNs: every hidden layer orthogonal
+        foton.check(_model(name))
+
+
+def test_the_documented_defaults():
+    """A bias (zero at the start), the kernel drawn in +-init_scale / sqrt(C_in k^2) with init_scale 1; one
+    space-to-depth step of factor 2 in a block; a bias in FlattenLinear."""
+    torch.manual_seed(0)
+    conv = OrthogonalConv2d(6, 4, 3, (4, 4))
+    bound = 1 / math.sqrt(6 * 9)
+    assert conv.bias is not None and not conv.bias.any()
+    assert 0.9 * bound < conv.weight.abs().max() <= bound
+    wider = OrthogonalConv2d(6, 4, 3, (4, 4), init_scale=2.0)
+    assert bound < wider.weight.abs().max() <= 2 * bound
+    with torch.no_grad():
+        conv.bias.fill_(1.0)
+    conv.reset_parameters()
+    assert not conv.bias.any()
+    block = OrthoConvBlock((2, 4, 4), 5)
+    assert block.out_shape == (5, 2, 2) and len(block.downsample) == 1 and block.conv.bias is not None
+    assert block.conv.init_scale == 1.0
+    assert SpaceToDepth()(torch.zeros(1, 3, 4, 6)).shape == (1, 12, 2, 3)
+    assert FlattenLinear((2, 3), 4).linear.bias is not None
+
+
+def test_the_bias_is_added_to_the_convolution():
+    conv = _conv(3, 2, 3, 4, 4)
+    with torch.no_grad():
+        conv.bias.copy_(torch.tensor([0.5, -2.0]))
+    out = conv(torch.zeros(1, 3, 4, 4, dtype=torch.float64))
+    assert torch.equal(out, torch.tensor([0.5, -2.0], dtype=torch.float64)[None, :, None, None].expand(1, 2, 4, 4))
+
+
+def test_an_adjoint_of_another_shape_than_the_output_is_refused():
+    with pytest.raises(ValueError, match=r"OrthogonalConv2d.adjoint expects \(B, 2, 4, 4\)"):
+        _conv(3, 2, 3, 4, 4).adjoint(torch.zeros(1, 3, 4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"SpaceToDepth.adjoint expects \(B, 8, 2, 2\)"):
+        SpaceToDepth(2, (2, 4, 4)).adjoint(torch.zeros(1, 2, 4, 4))
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: OrthogonalConv2d(2, 2, 3, (4, True)), "spatial must be a tuple of positive integers"),
+    (lambda: OrthogonalConv2d(2, 2, 3, (4, 2.0)), "spatial must be a tuple of positive integers"),
+    (lambda: OrthogonalConv2d(2, 2, 3, (4, 0)), "spatial must be a tuple of positive integers"),
+    (lambda: OrthogonalConv2d(2, 2, 3, (4, 4), init_scale=-1.0), "init_scale must be a number >= 0"),
+    (lambda: OrthogonalConv2d(2, 2, 3, (4, 4), init_scale=True), "init_scale must be a number >= 0"),
+    (lambda: OrthogonalConv2d(2, 2, 3, (4, 4), init_scale="1"), "init_scale must be a number >= 0"),
+    (lambda: OrthoConvBlock((2, 4, 4), 2, downsample=-1), "downsample must be an integer >= 0"),
+    (lambda: OrthoConvBlock((2, 4, 4), 2, downsample=True), "downsample must be an integer >= 0"),
+    (lambda: OrthoConvBlock((2, 4, 4), 2, downsample=1.0), "downsample must be an integer >= 0"),
+], ids=["bool side", "float side", "zero side", "negative scale", "bool scale", "text scale", "negative steps",
+        "bool steps", "float steps"])
+def test_bad_shapes_scales_and_steps_are_one_line(build, message):
+    with pytest.raises(ModelConfigError, match=message):
+        build()
+
+
+def test_space_to_depth_describes_itself():
+    assert repr(SpaceToDepth()) == "SpaceToDepth(factor=2)"
+    assert repr(SpaceToDepth(2, (3, 4, 4))) == "SpaceToDepth(factor=2, in_shape=(3, 4, 4))"
+
+
+def test_a_free_flatten_linear_is_not_projected():
+    """Only an orthogonal FlattenLinear is set to its polar factor (on a dtype change); a free one keeps its weight."""
+    torch.manual_seed(0)
+    free = FlattenLinear((2, 3), 4)
+    before = free.linear.weight.detach().clone()
+    free.reorthogonalize_()
+    assert torch.equal(free.linear.weight, before)
+    assert torch.equal(free.double().linear.weight, before.double())

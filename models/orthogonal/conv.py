@@ -219,11 +219,9 @@ class OrthogonalConv2d(nn.Module):
         khat = torch.einsum("oiab,ua,vb->uvoi", w.to(cdtype), E_h, E_w)  # (H, W', C_out, C_in)
         co = self.out_channels
         U, V = khat[..., :co], khat[..., co:]
-        A = U - U.mH
-        if V.shape[-1]:
-            A = A + V @ V.mH
+        A = U - U.mH + V @ V.mH  # square channels: V has no column, V V^H = 0
         eye = torch.eye(co, dtype=cdtype, device=w.device)
-        rhs = eye - A if not V.shape[-1] else torch.cat([eye - A, -2 * V], dim=-1)
+        rhs = torch.cat([eye - A, -2 * V], dim=-1)
         return torch.linalg.solve(eye + A, rhs)  # (H, W', C_out, C_in)
 
     def _spectral(self, x: Tensor, Q: Tensor, adjoint: bool) -> Tensor:
