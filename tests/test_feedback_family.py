@@ -134,8 +134,10 @@ def test_frsf_keeps_its_magnitudes_in_the_checkpoint_and_brsf_its_step():
         assert torch.equal(after["layers.0.weight"], mine["layers.0.weight"]) == (rule == "frsf")
 
 
-def test_sign_rules_refuse_an_orthogonal_convolution_in_one_line():
-    model = models.build("ortho_convnet", in_features=64, out_features=10)
+@pytest.mark.parametrize("name", ["ortho_convnet", "ortho_lenet"])
+def test_sign_rules_refuse_an_orthogonal_convolution_in_one_line(name):
+    """Whichever layer after the first is the orthogonal convolution (ortho_lenet: only the second)."""
+    model = models.build(name, in_features=64, out_features=10)
     with pytest.raises(trainers.IncompatibleModelError, match="signs are not the map's"):
         trainers.build_engine("usf").check(model)
     trainers.build_engine("fa").check(model)
@@ -392,3 +394,94 @@ def test_the_family_compares_on_a_transformers_model_with_its_alignment_in_the_s
     angles = {line.split("|")[1].strip(): float(line.split("|")[4]) for line in aligned.splitlines()
               if line.startswith("| ") and "run" not in line}
     assert angles["usf"] < 60 < angles["fa"]  # sign-concordant feedback stays near W; random feedback near 90
+
+
+# ---- the stack path's draws, dtypes, checkpoints and angles ----------------------------------------------------
+
+
+def convnet_batch(channels=1):
+    torch.manual_seed(0)
+    model = models.build("convnet", in_features=64, out_features=10, channels=channels, depth=2).double()
+    gen = torch.Generator().manual_seed(2)
+    return model, torch.randn(5, 64, generator=gen, dtype=torch.float64), torch.randint(0, 10, (5,), generator=gen)
+
+
+def test_the_glorot_scale_is_the_fan_in_draw_rescaled_by_each_layers_fans():
+    """Same seed, same draw: glorot's B / fan_in's B = sqrt(2 / (fan_in + fan_out)) / sqrt(1 / (3 fan_in)) per
+    layer, with a convolution's fans C k^2 (in and out) and a dense layer's its in and out features. One output
+    channel: a kernel of one row."""
+    model, x, y = convnet_batch(channels=1)
+    drawn = {}
+    for scale in ("fan_in", "glorot"):
+        engine = trainers.build_engine("fa", scale=scale)
+        grads(model, engine, x, y)
+        drawn[scale] = engine.feedback
+    fans = [(9, 9), (16, 10)]  # the second convolution 1 -> 1 channel, 3 x 3; the output layer 16 -> 10
+    assert [tuple(B.shape) for B in drawn["glorot"]] == [(1, 1, 3, 3), (10, 16)]
+    for B, B0, (fan_in, fan_out) in zip(drawn["glorot"], drawn["fan_in"], fans, strict=True):
+        ratio = math.sqrt(2 / (fan_in + fan_out)) * math.sqrt(3 * fan_in)
+        torch.testing.assert_close(B, B0 * ratio, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("rule", ["fa", "dfa"])
+def test_the_stack_paths_feedback_follows_the_model_to_another_dtype(rule):
+    model, x, y = convnet_batch(channels=2)
+    engine = trainers.build_engine(rule, path="stack")
+    first = grads(model, engine, x, y)
+    after = grads(model.float(), engine, x.float(), y)
+    kept = engine.feedback if rule == "fa" else [engine.projection]
+    assert all(t.dtype == torch.float32 for t in kept)
+    for name, g in first.items():
+        assert after[name].dtype == torch.float32
+        torch.testing.assert_close(after[name].double(), g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fa_on_an_orthogonal_convolution_applies_the_feedback_it_was_given_after_a_load():
+    """The random twin of an orthogonal convolution (its adjoint with kernel B) follows B: loading another
+    engine's state gives that engine's step, not the twin built from the first B."""
+    torch.manual_seed(0)
+    model = models.build("ortho_lenet", in_features=64, out_features=10).double()
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 64, generator=gen, dtype=torch.float64), torch.randint(0, 10, (4,), generator=gen)
+    engine, other = trainers.build_engine("fa", feedback_seed=1), trainers.build_engine("fa", feedback_seed=2)
+    grads(model, engine, x, y)
+    expected = grads(model, other, x, y)
+    engine.load_state_dict(other.state_dict())
+    for name, g in grads(model, engine, x, y).items():
+        assert torch.equal(g, expected[name]), name
+
+
+def test_shared_dfa_slices_on_the_stack_start_at_the_projections_first_column():
+    """Launay et al.'s one matrix: with slices=shared every D_l is the first columns of the projection, scaled."""
+    model = mlp(depth=4, width=5)
+    x, y = batch()
+    engine = trainers.build_engine("dfa", slices="shared")
+    grads(model, engine, x, y)
+    assert engine.projection.shape[1] == 5
+    for (offset, width, amplitude), D in zip(engine.slices, engine.matrices(), strict=True):
+        assert offset == 0 and torch.equal(D, engine.projection[:, :width] * amplitude)
+
+
+def test_the_alignment_angle_is_0_for_the_weight_180_for_its_opposite_and_90_across():
+    """The angle between B and W in degrees, also where rounding puts the cosine of -W a hair below -1."""
+    model = mlp()
+    x, y = batch()
+    engine = trainers.build_engine("fa")
+    grads(model, engine, x, y)
+    W = [layer.weight.detach() for layer in model.layers[1:]]
+    factors = (0.7, 1.3, 3.0, 5.0, 11.0)
+    for sign, angle in ((1.0, 0.0), (-1.0, 180.0)):
+        for factor in factors:
+            engine.feedback = [sign * factor * w.clone() for w in W]
+            grads(model, engine, x, y)
+            assert all(a == pytest.approx(angle, abs=1e-5) for a in engine.alignment().values())
+    cosines = [nn.functional.cosine_similarity(-f * w.flatten(), w.flatten(), dim=0).item() for f in factors for w in W]
+    assert min(cosines) < -1  # the rounding the angle's clamp is for happened here
+    across = [w - (w * torch.ones_like(w)).sum() / w.numel() for w in W]  # W with its mean removed ...
+    engine.feedback = [torch.ones_like(w) for w in across]  # ... is orthogonal to the all-ones matrix
+    model_w = [layer.weight for layer in model.layers[1:]]
+    with torch.no_grad():
+        for w, a in zip(model_w, across, strict=True):
+            w.copy_(a)
+    grads(model, engine, x, y)
+    assert all(a == pytest.approx(90.0, abs=1e-5) for a in engine.alignment().values())
