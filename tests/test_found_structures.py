@@ -366,3 +366,94 @@ def test_stages_stitched_only_where_the_found_structure_reproduces_the_model():
     model, x, y = classified(StemLayersBeforeStages, 3)
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "stage1.0.fc.weight")
     assert [type(m).__name__ for m in stack.chain] == ["Residual"] * 4
+
+
+class ScaleNorm(nn.Module):
+    """A norm of the user's own (not an nn.LayerNorm), as Llama's RMSNorm: known by its class name."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(width))
+
+    def forward(self, h):
+        return self.weight * h / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm1, self.mix, self.norm2 = ScaleNorm(width), nn.Linear(width, width), ScaleNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
+
+    def forward(self, h):
+        h = h + self.mix(self.norm1(h))
+        return h + self.mlp(self.norm2(h))
+
+
+class PreNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.blocks, self.head = nn.Linear(3, 6), nn.ModuleList(PreNormBlock(6) for _ in range(2)), \
+            nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def test_a_pre_norm_block_with_a_norm_of_the_users_own_class_is_split_into_its_two_sublayers():
+    model, x, y = classified(PreNormNet, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.mix.weight")
+    assert stack.found == "2 blocks (PreNormBlock in blocks) as 4 residual sublayers: 4 h + z"
+
+
+class NormAct(nn.Module):
+    """A norm and its activation, one module (timm's BatchNormAct2d)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.act = nn.LayerNorm(width), nn.Tanh()
+
+    def forward(self, h):
+        return self.act(self.norm(h))
+
+
+class NormsJoinedByLayers(nn.Module):
+    """DenseNet's pattern: modules of one class with parameters, each fed through a layer, never one by the
+    other: no residual block repeats here."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 6), nn.Linear(6, 4)
+        self.n1, self.c1, self.n2, self.c2, self.n3 = NormAct(6), nn.Linear(6, 6), NormAct(6), nn.Linear(6, 6), \
+            NormAct(6)
+
+    def forward(self, x):
+        return self.head(self.n3(self.c2(self.n2(self.c1(self.n1(self.embed(x)))))))
+
+
+def test_modules_of_one_class_each_fed_through_a_layer_are_no_chain():
+    model, x, _ = classified(NormsJoinedByLayers, 3)
+    with pytest.raises(models.ModelConfigError, match="found no repeated blocks in NormsJoinedByLayers"):
+        models.residual_stack(model, example=x)
+
+
+class TrailingActivations(nn.Module):
+    """Two residual blocks, then four parameter-free activations in a row (a longer run, but no block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 6), nn.Linear(6, 4)
+        self.blocks = nn.Sequential(Residual(6), Residual(6))
+        self.acts = nn.Sequential(nn.Tanh(), nn.Tanh(), nn.Tanh(), nn.Tanh())
+
+    def forward(self, x):
+        return self.head(self.acts(self.blocks(self.embed(x))))
+
+
+def test_modules_without_parameters_are_never_blocks_however_long_their_run():
+    model, x, y = classified(TrailingActivations, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
+    assert stack.found == "2 blocks (Residual in blocks) as 2 residual sublayers: 2 h + z"
