@@ -457,3 +457,72 @@ def test_modules_without_parameters_are_never_blocks_however_long_their_run():
     model, x, y = classified(TrailingActivations, 3)
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
     assert stack.found == "2 blocks (Residual in blocks) as 2 residual sublayers: 2 h + z"
+
+
+class CachingBlock(nn.Module):
+    """A block a generation loop calls with ``use_cache=True`` (transformers' decoder layers): it records what it
+    was given; with a cache on it would return one beside its state."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.given = nn.Linear(width, width), []
+
+    def forward(self, h, use_cache=False):
+        self.given.append(use_cache)
+        out = h + torch.tanh(self.fc(h))
+        return (out, ("cache", out.detach())) if use_cache else (out,)
+
+
+class CachingModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 6), nn.Linear(6, 4)
+        self.blocks = nn.ModuleList(CachingBlock(6) for _ in range(3))
+
+    def forward(self, x):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h, use_cache=True)[0]
+        return self.head(h)
+
+
+def test_found_blocks_are_computed_again_without_a_generation_cache():
+    model, x, y = classified(CachingModel, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
+    for block in model.blocks:
+        block.given.clear()
+    engine = trainers.build_engine("highway", k=1, self_check=False)  # the check runs the model's own forward
+    engine_grads(stack, engine, x, y, cross_entropy_loss, strip="model.")
+    computed = [flag for block in model.blocks for flag in block.given]
+    assert computed and not any(computed)  # the engine's calls: use_cache off (the model's own run is stopped)
+
+
+class VarargsBlock(nn.Module):
+    """A block whose forward takes ``*args``: a table it is given besides the state has no parameter name."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, *args):
+        h, table = args
+        return h + torch.tanh(self.fc(h) + table)
+
+
+class VarargsModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head, self.table = nn.Linear(3, 6), nn.Linear(6, 4), nn.Parameter(0.1 * torch.randn(6))
+        self.blocks = nn.ModuleList(VarargsBlock(6) for _ in range(2))
+
+    def forward(self, x):
+        h, table = self.embed(x), torch.tanh(self.table)
+        for block in self.blocks:
+            h = block(h, table)
+        return self.head(h)
+
+
+def test_a_side_input_given_through_star_args_is_named_by_its_position_and_exact():
+    model, x, y = classified(VarargsModel, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
+    assert stack.found.endswith("; 1 side input (argument 1) read by every block")
