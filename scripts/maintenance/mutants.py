@@ -27,6 +27,7 @@ as equivalent (same behaviour, with the argument) is not counted. Exit status 0 
 
 import argparse
 import ast
+import hashlib
 import random
 import re
 import sys
@@ -65,8 +66,9 @@ class Mutant:
 
     @property
     def slug(self) -> str:
-        """The id as a file name (the planted copy's folder is named by it)."""
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.id)
+        """The id as a file name (the planted copy's folder is named by it), unique: two mutants of one line that
+        differ only in symbols (``> -> <``, ``> -> >=``) would otherwise share it, and one's result the other's."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.id) + "-" + hashlib.sha1(self.id.encode()).hexdigest()[:8]
 
     def fault(self, tests: list[str]) -> dict:
         """The mutant as a planted fault (``scripts/maintenance/planted_faults.py``)."""
