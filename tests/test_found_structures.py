@@ -495,6 +495,7 @@ def test_found_blocks_are_computed_again_without_a_generation_cache():
     engine_grads(stack, engine, x, y, cross_entropy_loss, strip="model.")
     computed = [flag for block in model.blocks for flag in block.given]
     assert computed and not any(computed)  # the engine's calls: use_cache off (the model's own run is stopped)
+    assert "each block given its own arguments" not in stack.found  # use_cache=True to each: the same arguments
 
 
 class VarargsBlock(nn.Module):
@@ -526,3 +527,121 @@ def test_a_side_input_given_through_star_args_is_named_by_its_position_and_exact
     model, x, y = classified(VarargsModel, 3)
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
     assert stack.found.endswith("; 1 side input (argument 1) read by every block")
+
+
+class KeywordMaskedBlock(MaskedBlock):
+    """The state given by keyword (``hidden_states=``), a mask beside it."""
+
+    def forward(self, hidden_states, mask):
+        return super().forward(hidden_states, mask)
+
+
+class KeywordStates(nn.Module):
+    """Blocks called with keywords only; the second block alone is given the local mask (the first differs from
+    only one other)."""
+
+    def __init__(self, width=6, layers=3):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, width), nn.Linear(width, 4)
+        self.blocks = nn.ModuleList(KeywordMaskedBlock(width) for _ in range(layers))
+
+    def forward(self, x):
+        local = (torch.arange(6) % 2).to(x.dtype)
+        h = self.embed(x)
+        for i, block in enumerate(self.blocks):
+            h = block(hidden_states=h, mask=local if i == 1 else torch.ones_like(local))
+        return self.head(h)
+
+
+def test_blocks_given_their_state_by_keyword_and_one_block_its_own_mask_are_exact():
+    model, x, y = classified(KeywordStates, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
+    assert "; each block given its own arguments (masks)" in stack.found
+    assert stack.contexts[0].where == "hidden_states"
+
+
+class PassedOnBlock(nn.Module):
+    """Each block computes a bias from its own table and returns it; the next block is given it."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.table = nn.Linear(width, width), nn.Parameter(torch.randn(width))
+
+    def forward(self, h, bias):
+        return h + self.fc(torch.tanh(h + bias)), 2 * self.table
+
+
+class PassedOnBiases(nn.Module):
+    def __init__(self, width=6, layers=4):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, width), nn.Linear(width, 4)
+        self.blocks = nn.ModuleList(PassedOnBlock(width) for _ in range(layers))
+
+    def forward(self, x):
+        h = self.embed(x)
+        bias = torch.zeros_like(h[0])
+        for block in self.blocks:
+            h, bias = block(h, bias)
+        return self.head(h)
+
+
+def test_blocks_given_what_the_block_before_them_returned_are_refused_naming_one():
+    model, x, _ = classified(PassedOnBiases, 3)
+    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: blocks\.1 is given a tensor an earlier block "
+                                                      r"returned besides its state"):
+        models.residual_stack(model, example=x)
+
+
+class ParallelBlock(nn.Module):
+    """GPT-J's parallel residual: one norm read twice, h + mix(LN(h)) + mlp(LN(h)); the pre-LN split (stopping
+    at the second norm's input, which is h itself) cannot give this block, so the whole block is one sublayer."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.mix = nn.LayerNorm(width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
+
+    def forward(self, h):
+        a = self.mix(self.norm(h))
+        return h + a + self.mlp(self.norm(h))
+
+
+class ParallelNet(PreNormNet):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(ParallelBlock(6) for _ in range(2))
+
+
+def test_a_parallel_residual_block_is_one_sublayer_not_a_wrong_split():
+    model, x, y = classified(ParallelNet, 3)
+    stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.mix.weight")
+    assert stack.found == "2 blocks (ParallelBlock in blocks) as 2 residual sublayers: 2 h + z"
+
+
+class NormedHead(nn.Module):
+    """Residual blocks, then a head with BatchNorm: in training mode its statistics are the batch's."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.blocks = nn.Linear(3, 6), nn.Sequential(Residual(6), Residual(6))
+        self.norm, self.out = nn.BatchNorm1d(6), nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.out(self.norm(self.blocks(self.embed(x))))
+
+
+def test_a_head_with_batchnorm_in_training_mode_is_exact_and_updated_once_per_step():
+    model, x, y = classified(NormedHead, 3)
+    model.train()
+    before = model.norm.running_mean.clone()
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    after_one_forward = model.norm.running_mean.clone()
+    model.norm.running_mean.copy_(before)
+    model.norm.num_batches_tracked.zero_()
+    stack = models.residual_stack(model, example=(x, y))
+    model.norm.running_mean.copy_(before)
+    model.norm.num_batches_tracked.zero_()
+    got = engine_grads(stack, trainers.build_engine("highway", k=100, self_check=False), x, y, cross_entropy_loss,
+                       strip="model.")
+    assert relative(got, exact) < 1e-10
+    torch.testing.assert_close(model.norm.running_mean, after_one_forward, rtol=1e-12, atol=1e-14)
