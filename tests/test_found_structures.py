@@ -467,7 +467,7 @@ class CachingBlock(nn.Module):
         super().__init__()
         self.fc, self.given = nn.Linear(width, width), []
 
-    def forward(self, h, use_cache=False):
+    def forward(self, h, use_cache=False, window=None):
         self.given.append(use_cache)
         out = h + torch.tanh(self.fc(h))
         return (out, ("cache", out.detach())) if use_cache else (out,)
@@ -482,7 +482,7 @@ class CachingModel(nn.Module):
     def forward(self, x):
         h = self.embed(x)
         for block in self.blocks:
-            h = block(h, use_cache=True)[0]
+            h = block(h, use_cache=True, window=tuple(range(2)))[0]  # equal, not one object: the same arguments
         return self.head(h)
 
 
@@ -547,9 +547,10 @@ class KeywordStates(nn.Module):
 
     def forward(self, x):
         local = (torch.arange(6) % 2).to(x.dtype)
+        every = torch.ones_like(local)  # one tensor given to all blocks but the second
         h = self.embed(x)
         for i, block in enumerate(self.blocks):
-            h = block(hidden_states=h, mask=local if i == 1 else torch.ones_like(local))
+            h = block(hidden_states=h, mask=local if i == 1 else every)
         return self.head(h)
 
 
@@ -645,3 +646,29 @@ def test_a_head_with_batchnorm_in_training_mode_is_exact_and_updated_once_per_st
                        strip="model.")
     assert relative(got, exact) < 1e-10
     torch.testing.assert_close(model.norm.running_mean, after_one_forward, rtol=1e-12, atol=1e-14)
+
+
+class StateAtTwoPlaces(nn.Module):
+    """A hybrid of two block classes whose later blocks are given their state by keyword, the first positionally:
+    the state is not at one place in the blocks' arguments."""
+
+    def __init__(self, width=6):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, width), nn.Linear(width, 4)
+        self.blocks = nn.ModuleList([MaskedBlock(width), KeywordMaskedBlock(width), MaskedBlock(width),
+                                     KeywordMaskedBlock(width)])
+
+    def forward(self, x):
+        local = (torch.arange(6) % 2).to(x.dtype)
+        h = self.embed(x)
+        for i, block in enumerate(self.blocks):
+            h = block(h, local) if i == 0 else block(**{"h" if i % 2 == 0 else "hidden_states": h},
+                                                      mask=local * i)
+        return self.head(h)
+
+
+def test_blocks_given_their_state_at_different_places_are_refused_naming_the_first_blocks_class():
+    model, x, _ = classified(StateAtTwoPlaces, 3)
+    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the blocks found \(MaskedBlock\) take their "
+                                                      r"state at different places"):
+        models.residual_stack(model, example=x)
