@@ -452,6 +452,9 @@ def test_a_layer_without_a_linear_call_runs_as_written_out_if_that_is_its_forwar
     with pytest.raises(models.ModelConfigError, match=r"^self-check: trainer 'fa''s forward through the layer "
                                                       r"functions \(with 2 run as the function of their weight"):
         trainers.build_engine("fa", path="layers").compute_grads(model, x, y, cross_entropy_loss)
+    opted_out = trainers.build_engine("fa", path="layers", self_check=False)  # the opt-out: no check, no refusal
+    opted_out.compute_grads(model, x, y, cross_entropy_loss)
+    assert opted_out.layers.uncovered == {"2"} and not opted_out.layers.written
 
 
 @pytest.mark.parametrize("trainer", ["fa", "dfa"])
