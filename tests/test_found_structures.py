@@ -53,6 +53,13 @@ def classified(model, features):
     return model().double(), x, y
 
 
+def refused(model_class, pattern):
+    """discover on ``model_class`` (``classified``) raises one ModelConfigError line matching ``pattern``."""
+    model, x, _ = classified(model_class, 3)
+    with pytest.raises(models.ModelConfigError, match=pattern):
+        models.residual_stack(model, example=x)
+
+
 def test_blocks_on_the_raw_input_are_exact_at_full_k():
     model, x, y = classified(RawInput, 6)
     stack = check_exact_and_k0(model, x, y, cross_entropy_loss, "blocks.0.fc.weight")
@@ -176,10 +183,8 @@ class ChainOfBiases(BiasFromFirst):
 
 
 def test_blocks_given_what_several_earlier_blocks_returned_are_refused_in_one_line():
-    model, x, _ = classified(ChainOfBiases, 3)
-    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the blocks found \(BiasBlock\) are given "
-                                                      r"different arguments"):
-        models.residual_stack(model, example=x)
+    refused(ChainOfBiases, r"^residual_stack: the blocks found \(BiasBlock\) are given "
+                           r"different arguments")
 
 
 class Fails(nn.Module):
@@ -435,9 +440,7 @@ class NormsJoinedByLayers(nn.Module):
 
 
 def test_modules_of_one_class_each_fed_through_a_layer_are_no_chain():
-    model, x, _ = classified(NormsJoinedByLayers, 3)
-    with pytest.raises(models.ModelConfigError, match="found no repeated blocks in NormsJoinedByLayers"):
-        models.residual_stack(model, example=x)
+    refused(NormsJoinedByLayers, "found no repeated blocks in NormsJoinedByLayers")
 
 
 class TrailingActivations(nn.Module):
@@ -587,10 +590,8 @@ class PassedOnBiases(nn.Module):
 
 
 def test_blocks_given_what_the_block_before_them_returned_are_refused_naming_one():
-    model, x, _ = classified(PassedOnBiases, 3)
-    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: blocks\.1 is given a tensor an earlier block "
-                                                      r"returned besides its state"):
-        models.residual_stack(model, example=x)
+    refused(PassedOnBiases, r"^residual_stack: blocks\.1 is given a tensor an earlier block "
+                            r"returned besides its state")
 
 
 class ParallelBlock(nn.Module):
@@ -668,7 +669,5 @@ class StateAtTwoPlaces(nn.Module):
 
 
 def test_blocks_given_their_state_at_different_places_are_refused_naming_the_first_blocks_class():
-    model, x, _ = classified(StateAtTwoPlaces, 3)
-    with pytest.raises(models.ModelConfigError, match=r"^residual_stack: the blocks found \(MaskedBlock\) take their "
-                                                      r"state at different places"):
-        models.residual_stack(model, example=x)
+    refused(StateAtTwoPlaces, r"^residual_stack: the blocks found \(MaskedBlock\) take their "
+                              r"state at different places")
