@@ -341,7 +341,7 @@ RUNS = [
 DATA = "reads ../shared/data (outside the repository)"
 SKIPPED = {
     r"bash scripts/setup\.sh( timm)?$": "builds a virtual environment from the network; the suite runs in .venv",
-    r"\.venv/bin/python -m pytest( -n auto)?$": "the test suite itself",
+    r"\.venv/bin/python -m pytest( -n auto( --dist worksteal)?)?$": "the test suite itself",
     r"\.venv-timm/bin/python ": "needs .venv-timm (timm is not installed beside the project's torch)",
     r"\.venv/bin/tensorboard ": "a server that runs until it is stopped",
     r"\.venv/bin/python scripts/bench\.py --suite overhead$": (
