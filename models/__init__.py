@@ -8,17 +8,27 @@ scans, activations), ``models.adapters`` (users' models seen as stacks, and how 
                          width=64, activation="tanh", orthogonal="bjorck")
 """
 
-from models import layers, orthogonal, zoo
-from models.adapters.calling import ModelCall, call_model, declare_call
-from models.adapters.recurrent import wrap_recurrent
-from models.adapters.residual import ResidualView, residual_stack
-from models.adapters.sequential import SequentialStack, layer_stack
-from models.errors import ModelConfigError
-from models.layers.dropout import ConsistentDropout, frozen_masks
-from models.layers.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
-from models.orthogonal import retraction
-from models.registry import available, build, register_model, takes_option
-from models.zoo import GPT, MLP, ConvNet, OrthoConvNet, OrthoLeNet, RecurrentBlockLM, RecurrentLM, ResidualMLP, ResNet
+from gradengines.models import layers, orthogonal, zoo
+from gradengines.models.adapters.calling import ModelCall, call_model, declare_call
+from gradengines.models.adapters.recurrent import wrap_recurrent
+from gradengines.models.adapters.residual import ResidualView, residual_stack
+from gradengines.models.adapters.sequential import SequentialStack, layer_stack
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.layers.dropout import ConsistentDropout, frozen_masks
+from gradengines.models.layers.recurrent import GRU, LSTM, DiagonalLinearRNN, TanhRNN
+from gradengines.models.orthogonal import retraction
+from gradengines.models.registry import available, build, register_model, takes_option
+from gradengines.models.zoo import (
+    GPT,
+    MLP,
+    ConvNet,
+    OrthoConvNet,
+    OrthoLeNet,
+    RecurrentBlockLM,
+    RecurrentLM,
+    ResidualMLP,
+    ResNet,
+)
 
 __all__ = [
     "MLP",

@@ -1,6 +1,6 @@
 """Named errors of the model zoo (one place, as in geotorch's ``exceptions.py``)."""
 
-from tasks.errors import one_line
+from gradengines.tasks.errors import one_line
 
 __all__ = ["ModelConfigError", "positive_int", "one_line"]
 

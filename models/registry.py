@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from models.adapters.user import build_reference, is_reference, load_reference, names
-from models.errors import ModelConfigError
+from gradengines.models.adapters.user import build_reference, is_reference, load_reference, names
+from gradengines.models.errors import ModelConfigError
 
 __all__ = ["register_model", "build", "available", "takes_option"]
 

@@ -9,8 +9,8 @@ import sys
 def run(command: str) -> None:
     """Run ``trainers.cli.COMMANDS[command]`` on ``sys.argv[1:]`` and exit with its status."""
     try:
-        from trainers.cli import COMMANDS
-        from trainers.core.distributed import exit_process
+        from gradengines.trainers.cli import COMMANDS
+        from gradengines.trainers.core.distributed import exit_process
     except KeyboardInterrupt:
         print("error: interrupted while starting", file=sys.stderr)
         sys.exit(130)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.language import EOS, UNK, build_vocab, tokenize
-from tasks.tokens import META
+from gradengines.tasks.language import EOS, UNK, build_vocab, tokenize
+from gradengines.tasks.tokens import META
 
 _RANDOM_CHUNK = 1 << 24
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from tasks.errors import TaskConfigError
+from gradengines.tasks.errors import TaskConfigError
 
 __all__ = [
     "DataSplit",

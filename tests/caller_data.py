@@ -24,15 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
-import models
-import models.adapters.residual
-import trainers.run.agreement
-import trainers.run.model_check
-import trainers.run.trainer
-from models.adapters.calling import call_model, own_copy
-from tasks.base import Split
-from trainers.core.engine import GradientEngine
-from trainers.core.registry import available, engine_class
+import gradengines.models.adapters.residual  # noqa: F401  (the submodules, read below through their packages)
+import gradengines.trainers.run.agreement  # noqa: F401
+import gradengines.trainers.run.model_check  # noqa: F401
+import gradengines.trainers.run.trainer  # noqa: F401
+from gradengines import models, trainers
+from gradengines.models.adapters.calling import call_model, own_copy
+from gradengines.tasks.base import Split
+from gradengines.trainers.core.engine import GradientEngine
+from gradengines.trainers.core.registry import available, engine_class
 
 __all__ = ["untouched", "guard_entry_points", "written"]
 

@@ -8,6 +8,20 @@ import pytest
 # and the engine contract suite from this folder.
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+class _FoldersAreNotPackages:
+    """The folders trainers/, models/ and tasks/ are ``gradengines.trainers``, ... (one import name): with the
+    checkout on the path their old top-level names would still import here and nowhere else, so a README snippet
+    or a test that used them would pass here and fail for users. Here they fail as they do for users."""
+
+    def find_spec(self, name, path=None, target=None):
+        if path is None and name in ("trainers", "models", "tasks"):
+            raise ModuleNotFoundError(f"No module named '{name}' (this checkout's {name}/ is gradengines.{name})")
+        return None
+
+
+sys.meta_path.insert(0, _FoldersAreNotPackages())
 os.environ.setdefault("MPLBACKEND", "Agg")
 # One CPU thread per process, for this process and every command a test starts (trainers/core/threads.py):
 # the suite's tensors are small, so one thread is as fast as two idle, and beside another busy process
@@ -21,7 +35,7 @@ def pytest_xdist_auto_num_workers(config):
     cores of the whole machine once psutil is installed; PYTEST_XDIST_AUTO_NUM_WORKERS still decides if set."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    from trainers.core.threads import usable_cores
+    from gradengines.trainers.core.threads import usable_cores
 
     return usable_cores()
 
@@ -31,7 +45,7 @@ def pytest_xdist_auto_num_workers(config):
 # have finished first. Run the script it writes as scripts/train.py (its flags follow).
 SIGNALLED_TRAIN = """
 import os, runpy, signal, sys
-from trainers.run import trainer
+from gradengines.trainers.run import trainer
 real = trainer.Trainer.train_step
 def train_step(self, x, y):
     if self.step == {step} and os.environ.get("RANK", "0") == "{rank}":
@@ -58,7 +72,7 @@ def _comparisons_time_at_their_own_thread_count(monkeypatch):
     """A comparison run in a test times its steps at its own thread count only: the second count (the
     equal-compute margin's, trainers.experiments.step_timing.other_threads) reads the machine's load, which a
     test cannot fix; the tests of that second timing ask for it."""
-    monkeypatch.setattr("trainers.experiments.compare.other_threads", lambda device: None)
+    monkeypatch.setattr("gradengines.trainers.experiments.compare.other_threads", lambda device: None)
 
 
 

@@ -8,8 +8,8 @@ import copy
 import torch
 from torch import nn
 
-from trainers.core.distributed import DataParallel, exit_process, init_distributed, mean_over_ranks
-from trainers.core.errors import DistributedError
+from gradengines.trainers.core.distributed import DataParallel, exit_process, init_distributed, mean_over_ranks
+from gradengines.trainers.core.errors import DistributedError
 
 here = init_distributed("gloo", timeout_s=30)
 assert here.active and here.world_size == 2, here
@@ -68,8 +68,7 @@ else:
     raise AssertionError("check_in_sync missed a weight that differs on one rank")
 
 # the Trainer: each rank trains on its half of the global batch and evaluates its half of a split
-import tasks  # noqa: E402
-import trainers  # noqa: E402
+from gradengines import tasks, trainers  # noqa: E402
 
 task = tasks.build("teacher", n_train=40, n_val=9, n_test=9, in_features=4, num_classes=3)
 net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
@@ -94,8 +93,8 @@ if here.is_main:
     here.broadcast_object(draw)
 
 # the orthogonality projection split over ranks: each rank projects half, all end with the same weights
-import models  # noqa: E402
-from models.orthogonal import project_  # noqa: E402
+from gradengines import models  # noqa: E402
+from gradengines.models.orthogonal import project_  # noqa: E402
 
 torch.manual_seed(1)
 ortho = models.build("mlp", in_features=6, out_features=6, depth=5, width=6, orthogonal="bjorck").double()
@@ -111,7 +110,7 @@ here.check_in_sync(ortho)
 
 # Highway-BP's adaptive stop measures ||d|| / ||w|| over the global batch: every rank stops where
 # one process on the concatenated batch would, although each shard alone would stop elsewhere
-from trainers.engines.highway import highway_iterations  # noqa: E402
+from gradengines.trainers.engines.highway import highway_iterations  # noqa: E402
 
 sizes, decay = [4, 2], [0.05, 0.9]  # rank 0's paths fade at once, rank 1's slowly
 torch.manual_seed(2)

@@ -12,10 +12,9 @@ import pytest
 import torch
 from helpers import cosine, engine_grads
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss
-from trainers.engines.backprop import Backprop
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.engines.backprop import Backprop
 
 
 def toy_batch(n=32, d=12, classes=4, seed=0, dtype=torch.float32):

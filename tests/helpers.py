@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
-from trainers.engines.backprop import Backprop
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.core.engine import trainable_parameters
+from gradengines.trainers.engines.backprop import Backprop
 
 # ---- gradients ---------------------------------------------------------------------------------------------
 

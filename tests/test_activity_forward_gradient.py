@@ -12,13 +12,12 @@ from engine_contract import EngineContract, toy_batch
 from helpers import tiny_gpt2_batch
 from torch import nn
 
-import tasks
-import trainers
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
-from trainers.engines.activity_fgrad import ActivityForwardGradient
-from trainers.engines.directions import activity_direction, direction_of
-from trainers.engines.fgrad import ForwardGradient
+from gradengines import tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.core.engine import trainable_parameters
+from gradengines.trainers.engines.activity_fgrad import ActivityForwardGradient
+from gradengines.trainers.engines.directions import activity_direction, direction_of
+from gradengines.trainers.engines.fgrad import ForwardGradient
 
 
 def mlp(seed=0):

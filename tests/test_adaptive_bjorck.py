@@ -6,10 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-import models
-import tasks
-import trainers
-from models.orthogonal import (
+from gradengines import models, tasks, trainers
+from gradengines.models.orthogonal import (
     BJORCK_TOL,
     DEFAULT_BJORCK_ITERS,
     bjorck,
@@ -169,7 +167,7 @@ def test_float32_training_with_momentum_or_adam_stays_orthogonal_to_1e_5(optimiz
 def test_the_upkeep_error_suite_tells_the_candidates_apart(tmp_path):
     import json
 
-    from trainers.cli.bench import bench_main
+    from gradengines.trainers.cli.bench import bench_main
 
     out = tmp_path / "bench"
     assert bench_main(["--suite", "upkeep-error", "--depths", "2", "--widths", "16", "--batch-size", "8",
@@ -184,7 +182,7 @@ def test_the_upkeep_error_suite_tells_the_candidates_apart(tmp_path):
 def test_the_batched_projection_of_an_accelerator_is_the_one_by_one_projection(method):
     """Weights of one shape projected as one stack (an accelerator's path, run here on the CPU) equal each
     projected alone, each written back to its own Parameter (issue 41: the stack unbound along the wrong axis)."""
-    from models.orthogonal import Projection, project_weights_
+    from gradengines.models.orthogonal import Projection, project_weights_
 
     gen = torch.Generator().manual_seed(3)
     weights = [torch.linalg.qr(torch.randn(9, 6, generator=gen, dtype=torch.float64)).Q.mT

@@ -5,11 +5,10 @@ import torch
 from engine_contract import EngineContract, toy_batch
 from helpers import engine_grads
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import GradientEngine, trainable_parameters, write_grads
-from trainers.engines.backprop import Backprop
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.core.engine import GradientEngine, trainable_parameters, write_grads
+from gradengines.trainers.engines.backprop import Backprop
 
 
 class TestBackpropContract(EngineContract):

@@ -18,14 +18,10 @@ from helpers import autograd_grads, engine_grads, relative
 from inplace_models import InPlaceStem, ScalesItsInput
 from torch import nn
 
-import models
-import models.adapters.calling
-import tasks
-import trainers
-import trainers.cli.args
-from tasks.base import cross_entropy_loss
-from trainers.cli import train_main
-from trainers.core.registry import available
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.cli import train_main
+from gradengines.trainers.core.registry import available
 
 MODELS = str(Path(__file__).resolve().parent / "inplace_models.py")
 

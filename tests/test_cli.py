@@ -10,14 +10,14 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-import trainers
-from trainers.cli import compare_main, table_main, train_main
-from trainers.core.engine import GradientEngine
-from trainers.core.protocols import LayerStack, require
-from trainers.core.registry import _ENGINES
-from trainers.experiments.plots import plot_runs
-from trainers.experiments.results import collect_results, pivot_cells
-from trainers.experiments.summary import pivot_table
+from gradengines import trainers
+from gradengines.trainers.cli import compare_main, table_main, train_main
+from gradengines.trainers.core.engine import GradientEngine
+from gradengines.trainers.core.protocols import LayerStack, require
+from gradengines.trainers.core.registry import _ENGINES
+from gradengines.trainers.experiments.plots import plot_runs
+from gradengines.trainers.experiments.results import collect_results, pivot_cells
+from gradengines.trainers.experiments.summary import pivot_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,7 @@ def test_nan_loss_exits_1(tmp_path, capsys):
 def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, capsys):
     """``scripts/compare.py`` with no arguments: the embedded comparison on digits (2 epochs instead of its 30 and
     5 timing rounds instead of 30: what it writes does not depend on how long it trains)."""
-    from trainers.cli import compare
+    from gradengines.trainers.cli import compare
 
     monkeypatch.setitem(compare.DEFAULT_COMPARISON, "epochs", 2)
     monkeypatch.setitem(compare.DEFAULT_COMPARISON, "timing_rounds", 5)
@@ -187,7 +187,7 @@ def test_run_name_and_results_table(tmp_path, capsys):
 def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):
     import json
 
-    from trainers.cli import bench_main
+    from gradengines.trainers.cli import bench_main
 
     out = tmp_path / "bench"
     assert bench_main(["--suite", "engines", "--trainers", "backprop;foton;foton:mode=lowmem", "--depths", "2",
@@ -207,7 +207,7 @@ def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):
 def test_bench_recurrent_suite_times_every_trainer_and_the_loop_baseline(tmp_path):
     import json
 
-    from trainers.cli import bench_main
+    from gradengines.trainers.cli import bench_main
 
     out = tmp_path / "bench"
     assert bench_main(["--suite", "recurrent", "--recurrent-depths", "1,2", "--lengths", "6", "--hidden", "8",
@@ -223,7 +223,7 @@ def test_bench_recurrent_suite_times_every_trainer_and_the_loop_baseline(tmp_pat
 def test_bench_residual_suite_times_highway_against_backprop(tmp_path):
     import json
 
-    from trainers.cli import bench_main
+    from gradengines.trainers.cli import bench_main
 
     out = tmp_path / "bench"
     assert bench_main(["--suite", "residual", "--residual-depth", "3", "--widths", "6", "--batch-size", "4",
@@ -236,7 +236,7 @@ def test_bench_residual_suite_times_highway_against_backprop(tmp_path):
 
 
 def test_gpt_and_resnet_flags_reach_the_model(tmp_path):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     assert train_main(["--model", "resnet", "--variant", "post", "--depth", "8", "--width", "2", "--steps", "1",
                        "--batch-size", "4", "--progress", "false", "--logdir", str(tmp_path / "a")]) == 0
@@ -304,7 +304,7 @@ def test_round_robin_ratios_survive_a_burst_of_load():
     by about 5x; round-robin, every ratio (the median over rounds) is exact."""
     import torch
 
-    from trainers.bench import time_round_robin
+    from gradengines.trainers.bench import time_round_robin
 
     class Machine:
         def __init__(self):
@@ -336,7 +336,7 @@ def test_round_robin_ratios_survive_a_burst_of_load():
 def test_bench_grads_suite_times_compute_grads_alone(tmp_path):
     import json
 
-    from trainers.cli import bench_main
+    from gradengines.trainers.cli import bench_main
 
     out = tmp_path / "b"
     assert bench_main(["--suite", "grads", "--trainers", "backprop;foton:mode=jvp;dfa", "--depths", "3",
@@ -356,8 +356,8 @@ def test_the_bare_forward_only_pass_computes_fotons_gradients(dropout):
     import torch
     import torch.nn.functional as F
 
-    import models
-    from trainers.bench import bare_forward_only
+    from gradengines import models
+    from gradengines.trainers.bench import bare_forward_only
 
     torch.manual_seed(0)
     model = models.build("mlp", in_features=6, out_features=4, depth=4, width=6, activation="tanh",

@@ -11,11 +11,9 @@ import torch
 from helpers import one_line_error
 from torch import nn
 
-import models
-import tasks
-import trainers
-from trainers.cli import train_main
-from trainers.core.errors import ConfigError
+from gradengines import models, tasks, trainers
+from gradengines.trainers.cli import train_main
+from gradengines.trainers.core.errors import ConfigError
 
 BACKEND = "aot_eager"
 

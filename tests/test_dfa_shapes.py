@@ -9,9 +9,8 @@ import torch
 from helpers import autograd_grads, engine_grads, relative
 from torch import nn
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
 
 B, T, D, H, C = 3, 5, 4, 6, 7  # batch, positions, width, hidden width, outputs: all different
 

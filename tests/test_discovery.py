@@ -10,10 +10,9 @@ from helpers import autograd_grads, engine_grads, relative
 from torch import nn
 from torch.nn import functional as F
 
-import models
-import trainers
-from models.adapters.discovery import ResidualFound
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.models.adapters.discovery import ResidualFound
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
 
 V, T, B = 11, 6, 3
 
@@ -393,7 +392,7 @@ def test_a_sublayer_returning_a_tuple_is_read_as_a_models_output():
 
 
 def test_the_command_line_says_why_no_residual_stack_was_found(tmp_path, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     (tmp_path / "plain.py").write_text("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
                                        "    def __init__(self):\n        super().__init__()\n"
@@ -408,8 +407,8 @@ def test_the_command_line_says_why_no_residual_stack_was_found(tmp_path, capsys)
 
 
 def test_compare_takes_each_trainers_options_with_its_name(tmp_path, capsys):
-    from trainers.cli import compare_main
-    from trainers.cli.args import trainer_runs
+    from gradengines.trainers.cli import compare_main
+    from gradengines.trainers.cli.args import trainer_runs
 
     assert trainer_runs("backprop, highway:k=1,highway:k=4:tol=0.01") == {
         "backprop": ("backprop", {}), "highway-k1": ("highway", {"k": 1}),

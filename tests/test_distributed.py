@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import ROOT, train_signalled_at
 
-from trainers.cli import compare_main, train_main
-from trainers.core.distributed import DataParallel, _buckets
+from gradengines.trainers.cli import compare_main, train_main
+from gradengines.trainers.core.distributed import DataParallel, _buckets
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 

@@ -10,10 +10,10 @@ import torch
 from helpers import engine_grads
 from torch.profiler import ProfilerActivity, profile
 
-import models
-from tasks.base import cross_entropy_loss
-from trainers.engines.foton import Foton
-from trainers.engines.pepita import Pepita
+from gradengines import models
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.engines.foton import Foton
+from gradengines.trainers.engines.pepita import Pepita
 
 DEPTH = 5  # four hidden layers, each with its dropout
 

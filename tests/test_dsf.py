@@ -7,11 +7,9 @@ import torch
 from engine_contract import EngineContract
 from helpers import engine_grads, max_relative, write_ptb_text
 
-import models
-import tasks
-import trainers
-from tasks.base import sequence_cross_entropy
-from trainers.cli import train_main
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import sequence_cross_entropy
+from gradengines.trainers.cli import train_main
 
 B, T, D_IN, CLASSES = 3, 9, 2, 4
 SHAPES = ["rnn_lm", "rnn_block_lm"]

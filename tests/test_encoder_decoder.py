@@ -6,10 +6,8 @@ import pytest
 import torch
 from helpers import autograd_grads, engine_grads, relative
 
-import models
-import tasks
-import trainers
-from tasks.base import sequence_cross_entropy
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import sequence_cross_entropy
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
@@ -43,8 +41,8 @@ BUILD = {"t5": t5, "bart": bart, "marian": marian}
 @pytest.fixture
 def fresh_notes():
     """What a structure's note says is said once per process: forget what other tests' runs said."""
-    from trainers.cli import args
-    from trainers.run import trainer
+    from gradengines.trainers.cli import args
+    from gradengines.trainers.run import trainer
 
     args._SAID.clear()
     trainer._SAID.clear()
@@ -111,7 +109,7 @@ def test_the_reverse_task_has_one_vocabulary_and_reversed_targets():
 
 
 def test_bart_trains_on_the_reverse_task_from_the_command_line_with_highway(tmp_path, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     sizes = ["d_model=8", "encoder_layers=2", "decoder_layers=2", "encoder_attention_heads=2",
              "decoder_attention_heads=2", "encoder_ffn_dim=16", "decoder_ffn_dim=16"]
@@ -157,7 +155,7 @@ CLI = {  # the issue's architectures that ended in a traceback, by name from the
 @pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
 @pytest.mark.parametrize("name", sorted(CLI))
 def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_path, capsys, fresh_notes):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     task, sizes = CLI[name]
     data = ["--task-option", "flatten=False"] if task == "digits" else [
@@ -175,7 +173,7 @@ def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_pat
 @pytest.mark.parametrize("trainer", ["highway", "fa", "dfa"])
 def test_transformers_swin_trains_with_fa_and_dfa_and_highway_refuses_it_in_one_line(trainer, tmp_path, capsys,
                                                                                       fresh_notes):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     sizes = ["embed_dim=8", "depths=(1,1)", "num_heads=(2,2)", "patch_size=2", "window_size=2"]
     code = train_main(["--model", "transformers:SwinForImageClassification",
@@ -214,7 +212,7 @@ def test_both_chains_run_highway_bp_the_encoder_approximated_where_its_depth_exc
 def test_ptb_reverse_is_real_text_to_be_written_backwards_and_bart_trains_on_it(tmp_path, capsys):
     from helpers import write_tiny_ptb
 
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     data = write_tiny_ptb(tmp_path)
     task = tasks.build("ptb-reverse", data_dir=data, seq_len=5)

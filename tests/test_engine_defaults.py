@@ -3,8 +3,8 @@ comes from, and shown as the default by ``train.py --help`` (the flag ``--<engin
 
 import pytest
 
-import trainers
-from trainers.cli.train import train_parser
+from gradengines import trainers
+from gradengines.trainers.cli.train import train_parser
 
 # (engine, option): (default, where it comes from)
 DOCUMENTED = {

@@ -7,12 +7,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import trainers.experiments.step_timing
-from trainers.cli import compare_main
-from trainers.core.errors import ConfigError
-from trainers.experiments.budget import budget_steps, reference_trainer
-from trainers.run.logger import read_metrics
-from trainers.run.trainer import Trainer
+from gradengines.trainers.cli import compare_main
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.experiments import step_timing
+from gradengines.trainers.experiments.budget import budget_steps, reference_trainer
+from gradengines.trainers.run.logger import read_metrics
+from gradengines.trainers.run.trainer import Trainer
 
 SMALL = ["--task", "digits", "--model", "mlp", "--orthogonal", "bjorck", "--depth", "2", "--width", "8",
          "--progress", "false", "--experiment", "exp", "--grad-agreement-every", "5", "--timing-rounds", "5"]
@@ -51,7 +51,7 @@ def test_batch_sizes_64_and_256_share_the_samples_axis(tmp_path):
 
 
 def test_a_single_train_run_keeps_steps_on_its_axis(tmp_path):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     assert train_main(["--steps", "4", "--log-every", "2", "--eval-every", "2", "--progress", "false", "--depth", "2",
                        "--width", "8", "--logdir", str(tmp_path)]) == 0
@@ -77,7 +77,7 @@ def test_comparison_timing_survives_a_burst_on_a_fake_clock(monkeypatch):
     clock = FakeClock({"backprop": 2e-3, "foton": 1e-3, "fa": 3e-3})
     monkeypatch.setattr(Trainer, "train_step", lambda self, x, y: clock.step(self.engine.name))
     setups = _setups(["foton", "backprop", "fa"])
-    timing = trainers.experiments.step_timing.time_steps(setups, "backprop", rounds=20, warmup=1, clock=clock)
+    timing = step_timing.time_steps(setups, "backprop", rounds=20, warmup=1, clock=clock)
     t = timing["trainers"]
     assert list(t) == ["backprop", "foton", "fa"]  # the reference first
     assert t["foton"]["ratio"] == pytest.approx(0.5) and t["fa"]["ratio"] == pytest.approx(1.5)
@@ -101,7 +101,7 @@ def test_the_timing_runs_again_at_the_other_thread_count_and_restores_its_own(mo
         clock.step(self.engine.name)
 
     monkeypatch.setattr(Trainer, "train_step", step)
-    timing = trainers.experiments.step_timing.time_steps(_setups(["backprop", "foton"]), "backprop", rounds=20,
+    timing = step_timing.time_steps(_setups(["backprop", "foton"]), "backprop", rounds=20,
                                                          warmup=1, clock=clock, threads_too=other)
     foton = timing["trainers"]["foton"]
     assert foton["ratio"] == pytest.approx(0.5)
@@ -112,17 +112,17 @@ def test_the_timing_runs_again_at_the_other_thread_count_and_restores_its_own(mo
 
 
 def test_the_other_thread_count_is_one_below_the_runs_own_and_auto_above(monkeypatch):
-    from trainers.core.threads import ThreadChoice
-    from trainers.experiments.step_timing import other_threads
+    from gradengines.trainers.core.threads import ThreadChoice
+    from gradengines.trainers.experiments.step_timing import other_threads
 
     own = torch.get_num_threads()
-    monkeypatch.setattr("trainers.experiments.step_timing.auto_choice", lambda: ThreadChoice(4, "auto: test"))
+    monkeypatch.setattr(step_timing, "auto_choice", lambda: ThreadChoice(4, "auto: test"))
     try:
         torch.set_num_threads(2)
         assert other_threads("cpu") == 1
         torch.set_num_threads(1)
         assert other_threads("cpu") == 4
-        monkeypatch.setattr("trainers.experiments.step_timing.auto_choice", lambda: ThreadChoice(1, "auto: busy"))
+        monkeypatch.setattr(step_timing, "auto_choice", lambda: ThreadChoice(1, "auto: busy"))
         assert other_threads("cpu") is None  # a busy machine: no other count to time at
         assert other_threads("cuda") is None  # threads do not time an accelerator's step
     finally:
@@ -132,7 +132,7 @@ def test_the_other_thread_count_is_one_below_the_runs_own_and_auto_above(monkeyp
 def _setups(names):
     import argparse
 
-    from trainers.cli import base_parser, build_from_args
+    from gradengines.trainers.cli import base_parser, build_from_args
 
     args = base_parser("x").parse_args(["--depth", "2", "--width", "8", "--orthogonal", "bjorck", "--progress",
                                         "false"])
@@ -164,7 +164,7 @@ def fake_timing(monkeypatch):
                 "trainers": {t: {"step_ms": 2.0 * ratios[t], "ratio": ratios[t], "ratio_min": ratios[t],
                                  "ratio_max": ratios[t], "ms_min": 0.0, "ms_max": 1e9,
                                  "batch_size": s.config.batch_size, "peak_mb": 1.0} for t, s in setups.items()}}
-    monkeypatch.setattr("trainers.experiments.compare.time_steps", fake)
+    monkeypatch.setattr("gradengines.trainers.experiments.compare.time_steps", fake)
 
 
 @pytest.mark.parametrize("budget", ["samples", "steps", "time"])
@@ -236,7 +236,7 @@ def _run(seed, end_ms, value, steps=10, eval_step=None):
 def test_a_run_with_no_validation_before_the_horizon_is_named_not_called_seedless():
     """Backprop's one evaluation falls after the shortest run's end: the equal-time verdict says so (it said
     'no seed in common', which both runs had)."""
-    from trainers.experiments.summary import verdict_lines
+    from gradengines.trainers.experiments.summary import verdict_lines
 
     results = {"backprop": [_run(0, 300.0, 0.9)], "fa": [_run(0, 200.0, 0.8)]}
     lines, _ = verdict_lines(results, "accuracy", "backprop", True)
@@ -248,7 +248,7 @@ def test_a_run_with_no_validation_before_the_horizon_is_named_not_called_seedles
 def test_the_horizon_admits_one_step_of_rounding_under_an_equal_time_budget():
     """--budget time rounds each run to whole steps, so backprop's last evaluation may fall a fraction of a step
     past the shortest run's end (seen: 0.7 ms): it counts; one two steps past does not."""
-    from trainers.experiments.summary import verdict_lines
+    from gradengines.trainers.experiments.summary import verdict_lines
 
     for backprop_end, counted in ((200.7, True), (200.0 + 2 * 20.07, False)):
         results = {"backprop": [_run(0, backprop_end, 0.9)], "fa": [_run(0, 200.0, 0.8)]}
@@ -273,7 +273,7 @@ def test_an_equal_time_word_must_survive_the_timings_spread():
     evaluation falls within the horizon and it is behind: the word does not survive, so within noise, margin
     said. With an interval of 0.95..1.05 the word holds and the line says for which ratios. A timing recorded
     before the interval existed is read with its rounds' min..max."""
-    from trainers.experiments.summary import verdict_lines
+    from gradengines.trainers.experiments.summary import verdict_lines
 
     def results(spread, keys=("ratio_low", "ratio_high")):
         bp = [_timed(s, 100.0, {10: 0.90 + 0.01 * s}) for s in range(3)]
@@ -307,7 +307,7 @@ def test_an_equal_time_word_must_hold_at_the_other_thread_count_too():
     """The ratios move with the thread count (FOTON 1.25 at 1 thread, 0.93 at 2 on the default comparison): fa
     ahead at its own timing (0.95..1.05) but 2x dearer at 1 thread is within noise, naming the thread count; at
     1 thread within 0.96..1.04 the word holds and both ranges are said."""
-    from trainers.experiments.summary import verdict_lines
+    from gradengines.trainers.experiments.summary import verdict_lines
 
     def results(other):
         bp = _at_threads([_timed(s, 100.0, {10: 0.90 + 0.01 * s}) for s in range(3)], 1, (1.0, 1.0, 1.0))
@@ -328,7 +328,7 @@ def test_an_equal_time_word_must_hold_wherever_the_horizon_run_timing_puts_the_h
     """foton sets the horizon (the shortest run); at the low end of its ratio's interval the horizon halves, and
     there fa is behind where at the timed horizon it is ahead: fa's own timing is exact, yet its word falls to
     within noise (the horizon moved); with foton's interval tight the word holds."""
-    from trainers.experiments.summary import verdict_lines
+    from gradengines.trainers.experiments.summary import verdict_lines
 
     def results(foton_low):
         bp = [_timed(s, 100.0, {5: 0.80 + 0.01 * s, 10: 0.90 + 0.01 * s}) for s in range(3)]
@@ -348,8 +348,8 @@ def test_an_equal_time_word_must_hold_wherever_the_horizon_run_timing_puts_the_h
 
 def test_where_validation_and_test_disagree_the_summary_says_so():
     """Validation within noise, test clearly behind: one sentence names both readings; agreement: nothing."""
-    from trainers.experiments.summary import disagreement_lines
-    from trainers.experiments.verdict import Units
+    from gradengines.trainers.experiments.summary import disagreement_lines
+    from gradengines.trainers.experiments.verdict import Units
 
     results = {"backprop": [_timed(s, 100.0, {10: 0.9}, test=0.90 + 0.01 * s) for s in range(3)],
                "dfa": [_timed(s, 100.0, {10: 0.9}, test=0.87 + 0.01 * s + 0.001 * (s == 2)) for s in range(3)]}
@@ -361,6 +361,6 @@ def test_where_validation_and_test_disagree_the_summary_says_so():
 
 
 def test_the_reference_alone_gets_no_empty_verdict_headings():
-    from trainers.experiments.summary import verdict_lines
+    from gradengines.trainers.experiments.summary import verdict_lines
 
     assert verdict_lines({"backprop": [_run(0, 100.0, 0.9)]}, "accuracy", "backprop", True) == ([], {})

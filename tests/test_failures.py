@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainers
-from trainers.cli import base_parser, train_main
-from trainers.core.errors import ConfigError, DataError, RunBusyError
-from trainers.run import checkpoint
-from trainers.run import trainer as trainer_module
-from trainers.run.config import TrainConfig
-from trainers.run.logger import read_metrics
-from trainers.run.rundir import RunDirectory
+from gradengines import trainers
+from gradengines.trainers.cli import base_parser, train_main
+from gradengines.trainers.core.errors import ConfigError, DataError, RunBusyError
+from gradengines.trainers.run import checkpoint
+from gradengines.trainers.run import trainer as trainer_module
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.logger import read_metrics
+from gradengines.trainers.run.rundir import RunDirectory
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -104,7 +104,7 @@ def test_nesterov_without_momentum_is_refused_from_python_too():
 def test_a_flag_a_recipe_does_not_read_is_said_once_per_trainer(tmp_path, capsys):
     """compare.py's recipes choose each trainer's optimizer: --momentum applies to those on SGD, and the others
     say once that they do not read it (a flag is never dropped without a word)."""
-    from trainers.cli import compare_main
+    from gradengines.trainers.cli import compare_main
 
     assert compare_main([*TEACHER, "--depth", "2", "--width", "8", "--trainers", "backprop,pepita", "--momentum",
                          "0.5", "--steps", "1", "--seeds", "0", "--timing-rounds", "5", "--progress", "false",
@@ -165,8 +165,8 @@ def test_every_numeric_option_refuses_hostile_values_in_one_line(tmp_path, monke
 
 
 def test_memory_estimate_counts_the_model_without_allocating_it_and_refuses_what_cannot_fit(monkeypatch):
-    import models
-    from trainers.run import memory
+    from gradengines import models
+    from gradengines.trainers.run import memory
 
     def build():
         return models.build("mlp", in_features=64, out_features=10, depth=3, width=[300, 200])
@@ -273,7 +273,7 @@ def test_a_new_learning_rate_on_resume_needs_the_flag_and_is_applied_and_recorde
 def test_python_api_resume_changes_are_explicit_and_advice_is_in_python_terms(tmp_path):
     task = trainers_task()
     def make(**kw):
-        import models
+        from gradengines import models
         torch.manual_seed(0)
         model = models.build("mlp", in_features=task.in_features, out_features=task.num_outputs, depth=2, width=8)
         return trainers.Trainer(model, trainers.build_engine("backprop"), task, logdir=tmp_path, batch_size=32,
@@ -289,7 +289,7 @@ def test_python_api_resume_changes_are_explicit_and_advice_is_in_python_terms(tm
 
 
 def trainers_task():
-    import tasks
+    from gradengines import tasks
     return tasks.build("teacher", n_train=256)
 
 
@@ -533,7 +533,7 @@ def test_a_full_disk_during_training_is_one_line_exit_1_and_keeps_the_last_check
             return real(path, write, **kw)
         monkeypatch.setattr(checkpoint, "write_atomic", write_atomic)
     else:  # metrics.jsonl cannot be flushed at step 5
-        from trainers.run import logger
+        from gradengines.trainers.run import logger
 
         real_flush = logger.RunLogger.flush
 
@@ -577,7 +577,7 @@ def test_a_second_writer_is_refused_while_the_lock_is_held(tmp_path, capsys):
 # hour at most): started together, the other process is sure to find the lock taken, on any machine
 HOLDING_TRAIN = """
 import os, pathlib, runpy, sys, time
-from trainers.run import rundir
+from gradengines.trainers.run import rundir
 go, real = pathlib.Path({go!r}), rundir.RunDirectory.acquire
 def acquire(self):
     real(self)
@@ -708,8 +708,8 @@ def test_a_full_disk_inside_torch_save_is_the_disk_error_and_leaves_the_old_chec
 def test_a_changed_learning_rate_follows_the_schedule_from_the_resumed_step(tmp_path):
     """Cosine schedule: after a resume with a new peak rate, the rate is the new peak times the schedule's
     factor at the same step (the schedule's position comes from the checkpoint)."""
-    import models
-    from trainers.run.optim import WarmupCosine
+    from gradengines import models
+    from gradengines.trainers.run.optim import WarmupCosine
 
     task = trainers_task()
 
@@ -741,7 +741,7 @@ def test_a_changed_learning_rate_follows_the_schedule_from_the_resumed_step(tmp_
     ("train", ["--task", "teacher", "--task-option", "n_train=10000000000"], "out of memory ("),
 ])
 def test_compare_and_bench_flags_are_checked_before_any_work(main, flags, expected, tmp_path, capsys):
-    from trainers.cli import bench_main, compare_main
+    from gradengines.trainers.cli import bench_main, compare_main
     entry = {"compare": compare_main, "bench": bench_main, "train": train_main}[main]
     common = {"compare": [*TINY, "--steps", "1", "--logdir", str(tmp_path / "runs")],
               "bench": ["--out", str(tmp_path / "bench")], "train": [*SMALL, "--logdir", str(tmp_path / "runs")]}[main]
@@ -780,8 +780,8 @@ def test_a_deep_models_estimate_from_one_and_two_layers_is_its_own_and_refuses_a
     """The linear extrapolation (``check_fits_scaled``) equals the estimate of the model built at that depth; a
     transformers config with a million layers is refused from it in one line, never built (it took 116 s to fail
     with std::bad_alloc)."""
-    import models
-    from trainers.run import memory
+    from gradengines import models
+    from gradengines.trainers.run import memory
 
     pytest.importorskip("transformers")
 

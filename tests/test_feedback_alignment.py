@@ -7,8 +7,7 @@ from engine_contract import EngineContract
 from helpers import cosine, relative
 from helpers import engine_grads as grads
 
-import models
-import trainers
+from gradengines import models, trainers
 
 
 class TestFAContract(EngineContract):
@@ -172,7 +171,7 @@ CNNS = {"user": lambda: user_cnn(dropout=0.2), "ortho_lenet": lambda: zoo_cnn("o
 def test_fa_with_the_forward_kernels_as_feedback_is_backprop_on_a_cnn(cnn):
     """B_l = A_l: the transposed convolution with the layer's own kernel (nn.Conv2d, strided), the adjoint of an
     orthogonal convolution with its own weight (the zoo), the dense layers' W: FA's error path is backprop's."""
-    from trainers.engines.forward_only import linear_part
+    from gradengines.trainers.engines.forward_only import linear_part
 
     def forward_tensor(layer):  # W, the conv kernel, or the orthogonal convolution's weight
         inner = linear_part(layer)
@@ -237,7 +236,7 @@ def test_dfa_on_a_cnn_with_two_hidden_layers_is_not_backprop_with_the_output_wei
 
 @pytest.mark.parametrize("rule", ["fa", "dfa"])
 def test_random_feedback_on_a_cnn_has_the_layers_shapes_and_trains_through_the_trainer(rule):
-    import tasks
+    from gradengines import tasks
 
     stack = user_cnn()
     engine = trainers.build_engine(rule)
@@ -258,8 +257,8 @@ def test_random_feedback_on_a_cnn_has_the_layers_shapes_and_trains_through_the_t
 
 
 def test_the_zoo_convnet_is_a_layer_stack_fa_dfa_pepita_and_backprop_take_and_foton_refuses():
-    from trainers.core.registry import available
-    from trainers.experiments.compare import compatible
+    from gradengines.trainers.core.registry import available
+    from gradengines.trainers.experiments.compare import compatible
 
     model = models.build("convnet", in_features=64, out_features=10)
     assert [type(layer).__name__ for layer in model.layers] == ["Conv2d", "Conv2d", "FlattenedLinear"]

@@ -10,11 +10,9 @@ from helpers import cosine, relative
 from helpers import engine_grads as grads
 from torch import nn
 
-import models
-import tasks
-import trainers
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.engines.feedback_layers import covered_layers
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines.trainers.engines.feedback_layers import covered_layers
 
 SIGNED = ("usf", "brsf", "frsf")
 
@@ -349,7 +347,7 @@ def test_dfa_one_projection_is_the_separate_projections_with_the_same_matrices_o
 def test_alignment_angles_are_logged_to_tensorboard_and_the_summary(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from trainers.experiments.summary import alignment_table
+    from gradengines.trainers.experiments.summary import alignment_table
 
     torch.manual_seed(0)
     model = models.build("mlp", in_features=64, out_features=10, depth=3, width=16)
@@ -379,7 +377,7 @@ def test_the_family_compares_on_a_transformers_model_with_its_alignment_in_the_s
     """compare.py --trainers fa,usf,brsf,frsf,dfa on transformers' GPT-2 (the layer path): every run finishes,
     and summary.md gives the four chained rules' angles (DFA's D has no forward weight of its shape)."""
     pytest.importorskip("transformers")
-    from trainers.cli import compare_main
+    from gradengines.trainers.cli import compare_main
 
     logdir = tmp_path / "runs"
     assert compare_main(["--model", "transformers:GPT2LMHeadModel", "--model-option", "n_layer=1",

@@ -11,10 +11,9 @@ from helpers import relative
 from torch import nn
 from torch.nn import functional as F
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.engines.feedback_layers import covered_layers
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines.trainers.engines.feedback_layers import covered_layers
 
 V, T, B = 11, 5, 4
 

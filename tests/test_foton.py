@@ -6,12 +6,10 @@ import torch
 from engine_contract import EngineContract
 from helpers import cosine, engine_grads, relative
 
-import models
-import tasks
-import trainers
-from tasks.base import cross_entropy_loss
-from trainers.engines.backprop import Backprop
-from trainers.engines.foton import Foton
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.engines.backprop import Backprop
+from gradengines.trainers.engines.foton import Foton
 
 
 class TestFotonContract(EngineContract):
@@ -240,7 +238,7 @@ def test_refuses_residual_and_non_orthogonal_models():
 def test_takes_an_orthogonal_stack_and_names_its_one_plain_hidden_layer_even_the_last():
     """Every hidden layer is checked, the last one too; an orthogonal stack is taken (issue 41: the check
     stopping one layer short, or inverted, went unnoticed)."""
-    from models.orthogonal import make_orthogonal
+    from gradengines.models.orthogonal import make_orthogonal
 
     Foton().check(models.build("mlp", in_features=4, out_features=2, depth=4, width=6, orthogonal="bjorck"))
     model = models.build("mlp", in_features=4, out_features=2, depth=4, width=6)
@@ -254,7 +252,7 @@ def test_takes_an_orthogonal_stack_and_names_its_one_plain_hidden_layer_even_the
 def test_the_output_error_of_a_loss_without_a_closed_form_is_its_gradient(temperature):
     """e = B / T d loss(T y) / dy for a loss on class labels that is not the plain mean cross-entropy (label
     smoothing): never the cross-entropy's closed form softmax(T y) - onehot, which is only that loss's."""
-    from trainers.engines.forward_only import output_error
+    from gradengines.trainers.engines.forward_only import output_error
 
     def smoothed(y, t):
         return torch.nn.functional.cross_entropy(y, t, label_smoothing=0.2)
@@ -269,7 +267,7 @@ def test_the_output_error_of_a_loss_without_a_closed_form_is_its_gradient(temper
 
 
 def test_an_error_inside_the_replayed_passes_is_not_swallowed():
-    from trainers.engines.forward_only import MaskReplay
+    from gradengines.trainers.engines.forward_only import MaskReplay
 
     with pytest.raises(ValueError, match="raised in a pass"), MaskReplay() as replay:
         torch.rand(3)
@@ -344,7 +342,7 @@ def test_dense_feedback_is_refused_for_convolutions():
 def test_jvp_from_kept_activations_equals_the_lockstep_jvp(activation, monkeypatch):
     """Without dropout, jvp mode keeps the clean activations and takes act' from them (one forward pass);
     it computes what the lockstep forward-mode path computes."""
-    from trainers.engines import foton
+    from gradengines.trainers.engines import foton
 
     model = narrowing_mlp(5, activation=activation)
     x, y = batch()
@@ -359,8 +357,8 @@ def test_output_error_closed_form_equals_autograd_and_ignored_targets_fall_back(
     """softmax(T y) - onehot for the mean cross-entropy, the same as the autograd route it replaces."""
     import torch.nn.functional as F
 
-    from tasks.base import IGNORE_INDEX, cross_entropy_loss
-    from trainers.engines.forward_only import output_error
+    from gradengines.tasks.base import IGNORE_INDEX, cross_entropy_loss
+    from gradengines.trainers.engines.forward_only import output_error
 
     gen = torch.Generator().manual_seed(0)
     y = torch.randn(7, 5, generator=gen, dtype=torch.float64)

@@ -7,9 +7,8 @@ import torch
 from helpers import autograd_grads, engine_grads, relative
 from torch import nn
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
 
 
 class Residual(nn.Module):
@@ -253,7 +252,7 @@ def test_a_first_block_is_a_provider_only_when_no_other_block_hands_the_later_on
     """T5's shape: block 0 returns (y, bias) and every later block reads the bias: block 0 joins the stem. If block
     1 also returns a tensor that block 2 reads, the chain is not that shape (issue 41: the blocks checked for
     such tensors started one too late)."""
-    from models.adapters.discovery import _Call, _returns_what_the_others_read
+    from gradengines.models.adapters.discovery import _Call, _returns_what_the_others_read
 
     h0, y0, bias, y1, extra, y2 = (torch.randn(2) for _ in range(6))
 

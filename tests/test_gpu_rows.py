@@ -29,7 +29,7 @@ def test_dry_run_writes_every_table(tmp_path):
     for table, trainers in TABLES.items():
         record = json.loads((tmp_path / table / "bench.json").read_text())
         if trainers is None:
-            from trainers.bench.upkeep import CANDIDATES, OPTIMIZERS
+            from gradengines.trainers.bench.upkeep import CANDIDATES, OPTIMIZERS
             pairs = {(row["optimizer"], row["upkeep"]) for row in record["rows"]}
             assert {(o, c) for o in OPTIMIZERS for c in CANDIDATES if c != "geoopt"} <= pairs, table
         else:

@@ -9,8 +9,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from trainers.core.errors import ConfigError  # noqa: E402
-from trainers.loops.hf import ENGINE_FILE, EngineTrainer  # noqa: E402
+from gradengines.trainers.core.errors import ConfigError  # noqa: E402
+from gradengines.trainers.loops.hf import ENGINE_FILE, EngineTrainer  # noqa: E402
 
 VOCAB, LENGTH, LAYERS = 17, 8, 2
 
@@ -117,7 +117,7 @@ def test_an_own_loss_the_engine_would_not_train_and_bad_options_are_one_line(tmp
     with pytest.raises(ConfigError, match="label_smoothing_factor is not supported"):
         EngineTrainer(model=tiny_gpt2(), args=arguments(tmp_path, label_smoothing_factor=0.1))
     with pytest.raises(ConfigError, match="engine_options go with an engine's name"):
-        from trainers import build_engine
+        from gradengines.trainers import build_engine
         EngineTrainer(model=tiny_gpt2(), args=arguments(tmp_path), engine=build_engine("fa"),
                       engine_options={"k": 1})
 

@@ -15,11 +15,10 @@ import torch
 from engine_contract import EngineContract
 from helpers import engine_grads, max_relative
 
-import models
-import trainers
-from models.zoo.resnet import downsample, upsample
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.engines.highway import highway_iterations
+from gradengines import models, trainers
+from gradengines.models.zoo.resnet import downsample, upsample
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines.trainers.engines.highway import highway_iterations
 
 # ---- the iteration itself, on explicit matrices ------------------------------------------
 
@@ -247,7 +246,7 @@ def capture_w(engine):
 
 def true_state_grads(model, x, y):
     """dL/ds_t of a 1-layer rnn_lm by BPTT through the cell in a loop: (B, T, state)."""
-    from trainers.core.protocols import recurrent_forwards
+    from gradengines.trainers.core.protocols import recurrent_forwards
 
     states = []
 
@@ -509,7 +508,7 @@ def test_refuses_models_without_residual_or_recurrent_structure():
 
 
 def test_cli_bad_k_exits_2(tmp_path):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     assert train_main(["--model", "residual_mlp", "--trainer", "highway", "--highway-k", "-2",
                        "--logdir", str(tmp_path), "--steps", "1"]) == 2
@@ -518,7 +517,7 @@ def test_cli_bad_k_exits_2(tmp_path):
 def test_trainer_trains_resnet_on_digits_and_logs_k(tmp_path):
     import json
 
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     rc = train_main(["--model", "resnet", "--depth", "8", "--width", "4", "--trainer", "highway",
                      "--highway-k", "1", "--highway-tol", "0.5", "--steps", "12", "--batch-size", "32",
@@ -582,8 +581,8 @@ def test_tol_stops_at_the_iteration_a_hand_computation_gives_and_reports_its_rat
     """A fixed linear case (n = 4 positions, K = 0.5, J = 0.3 I): d^0 = scan(e), d^{m+1} = scan(back(d^m)),
     w^m = d^0 + ... + d^m; with tol between the hand ratios ||d^m|| / ||w^m|| of m = 1 and m = 2 the loop stops
     after 2 iterations and reports the ratio of m = 2 (issue 41: the stopping test squared, not doubled)."""
-    from models.layers.scan import reverse_scan
-    from trainers.engines.highway import highway_iterations
+    from gradengines.models.layers.scan import reverse_scan
+    from gradengines.trainers.engines.highway import highway_iterations
 
     e = torch.zeros(4, 1, 2, dtype=torch.float64)
     e[-1] = torch.tensor([1.0, -2.0], dtype=torch.float64)

@@ -17,9 +17,9 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams.hparams_plugin import HParamsPlugin
 
-from trainers.cli import compare_main
-from trainers.run.hparams import CONFIG_FILE, experiment_config, session_hparams, session_metrics
-from trainers.run.logger import read_metrics
+from gradengines.trainers.cli import compare_main
+from gradengines.trainers.run.hparams import CONFIG_FILE, experiment_config, session_hparams, session_metrics
+from gradengines.trainers.run.logger import read_metrics
 
 FLAGS = ["--task", "digits", "--model", "mlp", "--orthogonal", "bjorck", "--depth", "2", "--width", "8",
          "--steps", "3", "--grad-agreement-every", "2", "--seeds", "0,1", "--progress", "false", "--experiment", "exp"]

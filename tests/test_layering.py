@@ -40,16 +40,24 @@ def layer_of(module: str) -> str | None:
     return None
 
 
+def in_folders(module: str) -> str:
+    """A module's name as its folder in this repository names it: ``gradengines.trainers.core`` is
+    ``trainers.core`` (the folders are mapped into the one import name ``gradengines``)."""
+    return module.removeprefix("gradengines.")
+
+
 def imports(path: Path) -> set[str]:
-    """Every module of this project that ``path`` imports (absolute imports; ``from trainers import x`` names
-    the submodule)."""
+    """Every module of this project that ``path`` imports (absolute imports; ``from gradengines.trainers import x``
+    names the submodule), named as its folder."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
+            found |= {in_folders(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names if node.module in ("trainers", "models")}
+            module = in_folders(node.module)
+            found.add(module)
+            if module in ("gradengines", "trainers", "models"):
+                found |= {in_folders(f"{node.module}.{alias.name}") for alias in node.names}
     return {m for m in found if m.split(".")[0] in ("trainers", "models", "tasks")}
 
 
@@ -86,9 +94,9 @@ def module_imports(root: Path = ROOT) -> dict[str, set[str]]:
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                found |= {alias.name for alias in node.names if alias.name in files}
+                found |= {in_folders(alias.name) for alias in node.names if in_folders(alias.name) in files}
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
+                base = in_folders(node.module or "")
                 if node.level:
                     parts = package.split(".")[:len(package.split(".")) - node.level + 1]
                     base = ".".join(parts + ([node.module] if node.module else []))
@@ -133,11 +141,11 @@ def test_every_module_of_trainers_is_in_a_layer():
 
 
 @pytest.mark.parametrize("module, line, expected", [
-    ("trainers/engines/backprop.py", "from trainers.run.trainer import Trainer",
+    ("trainers/engines/backprop.py", "from gradengines.trainers.run.trainer import Trainer",
      "trainers.engines.backprop (trainers.engines) imports trainers.run.trainer (trainers.run)"),
-    ("trainers/run/trainer.py", "from trainers.cli import train_main",
+    ("trainers/run/trainer.py", "from gradengines.trainers.cli import train_main",
      "trainers.run.trainer (trainers.run) imports trainers.cli (trainers.cli)"),
-    ("models/zoo/mlp.py", "import trainers.core.errors",
+    ("models/zoo/mlp.py", "import gradengines.trainers.core.errors",
      "models.zoo.mlp (models) imports trainers.core.errors (trainers.core)"),
 ])
 def test_an_upward_import_is_found(tmp_path, module, line, expected):
@@ -156,9 +164,10 @@ def test_no_modules_import_each_other():
 
 
 @pytest.mark.parametrize("module, added, expected", [
-    ("trainers/run/checkpoint.py", "def added():\n    from trainers.run.rundir import RunDirectory\n",
+    ("trainers/run/checkpoint.py", "def added():\n    from gradengines.trainers.run.rundir import RunDirectory\n",
      ["trainers.run.checkpoint", "trainers.run.rundir"]),
-    ("trainers/run/notes.py", "from trainers.run import records\n", ["trainers.run.notes", "trainers.run.records"]),
+    ("trainers/run/notes.py", "from gradengines.trainers.run import records\n",
+     ["trainers.run.notes", "trainers.run.records"]),
 ])
 def test_an_import_circle_is_found(tmp_path, module, added, expected):
     """The check on a copy of the tree with one import added that closes a circle: inside a function, or of a
@@ -211,9 +220,9 @@ def test_models_holds_its_concerns_and_nothing_beside_them():
 
 
 @pytest.mark.parametrize("module, line, expected", [
-    ("models/layers/scan.py", "from models.zoo.mlp import MLP",
+    ("models/layers/scan.py", "from gradengines.models.zoo.mlp import MLP",
      "models.layers.scan (models.layers) imports models.zoo.mlp (models.zoo)"),
-    ("models/orthogonal/cayley.py", "import models.adapters.calling",
+    ("models/orthogonal/cayley.py", "import gradengines.models.adapters.calling",
      "models.orthogonal.cayley (models.orthogonal) imports models.adapters.calling (models.adapters)"),
 ])
 def test_an_import_across_concerns_is_found(tmp_path, module, line, expected):

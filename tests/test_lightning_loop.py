@@ -9,10 +9,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 lightning = pytest.importorskip("lightning")
 
-import models  # noqa: E402
-from tasks.base import cross_entropy_loss  # noqa: E402
-from trainers.core.errors import ConfigError  # noqa: E402
-from trainers.loops.lightning import EngineModule  # noqa: E402
+from gradengines import models  # noqa: E402
+from gradengines.tasks.base import cross_entropy_loss  # noqa: E402
+from gradengines.trainers.core.errors import ConfigError  # noqa: E402
+from gradengines.trainers.loops.lightning import EngineModule  # noqa: E402
 
 DEPTH = 3
 

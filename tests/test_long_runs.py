@@ -13,11 +13,9 @@ import pytest
 import torch
 from helpers import FakeClock, TimedBackprop
 
-import models
-import tasks
-import trainers
-from trainers.cli import compare_main
-from trainers.core.errors import RunInterrupted
+from gradengines import models, tasks, trainers
+from gradengines.trainers.cli import compare_main
+from gradengines.trainers.core.errors import RunInterrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--task", "digits", "--model", "mlp", "--depth", "2", "--width", "8", "--experiment", "exp",
@@ -78,7 +76,7 @@ def test_without_time_checkpoints_an_early_interrupt_says_a_rerun_starts_afresh(
 def test_a_comparison_says_its_plan_and_shows_its_timing_rounds(tmp_path, capsys, monkeypatch):
     """The plan, then the timing's rounds at the runs' own thread count and again at the other one (the
     equal-compute margin's; here 2), all before the first run."""
-    monkeypatch.setattr("trainers.experiments.compare.other_threads", lambda device: 2)
+    monkeypatch.setattr("gradengines.trainers.experiments.compare.other_threads", lambda device: 2)
     assert compare_main([*SMALL, "--progress-seconds", "1e-9", "--logdir", str(tmp_path)]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == ("[compare] exp: 2 trainers (backprop, fa) x seeds 0: timing each trainer's step round-robin "
@@ -112,7 +110,7 @@ def test_an_interrupted_comparison_resumes_with_its_timing_and_keeps_its_start(t
 
     def fail(*args, **kwargs):
         raise AssertionError("a resume must not time again")
-    monkeypatch.setattr("trainers.experiments.compare.time_steps", fail)
+    monkeypatch.setattr("gradengines.trainers.experiments.compare.time_steps", fail)
     assert compare_main([*flags, "--resume"]) == 0
     again = json.loads((tmp_path / "exp" / "comparison.json").read_text())
     assert again["timing"] == first["timing"] and again["lengths"] == first["lengths"]

@@ -17,10 +17,9 @@ from helpers import GPT, GPTConfig, assert_same, autograd_grads, engine_grads, r
 from torch import nn
 from torch.nn import functional as F
 
-import models
-import trainers
-from models.adapters.calling import call_model
-from tasks.base import sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.models.adapters.calling import call_model
+from gradengines.tasks.base import sequence_cross_entropy
 
 V, E, H, T, B = 9, 5, 4, 6, 3
 
@@ -313,7 +312,7 @@ def test_the_double_shift_under_an_auxiliary_term_is_still_refused():
 
 
 def test_the_trainer_says_how_far_a_models_own_loss_is_in_one_line(capsys):
-    import tasks
+    from gradengines import tasks
 
     task = tasks.build("copy", n_train=16, n_val=8, n_test=8, delay=2, length=3)
     vocab = task.num_outputs
@@ -452,7 +451,7 @@ def model_file(tmp_path):
 
 
         def gpt_stack(vocab_size={V}):  # a declaration, not a wrapper: Highway-BP needs the residual path
-            import models
+            from gradengines import models
             model = nanogpt(vocab_size)
             t = model.transformer
             idx = torch.zeros(2, {T}, dtype=torch.long)
@@ -486,7 +485,7 @@ def result(ptb, run):
     ("CachedMaskLM", ["backprop"], ["layout=time_first"]),  # never run on meta tensors (its cache kept one)
 ])
 def test_each_style_trains_from_a_file_without_a_wrapper(model, trainers_, call, model_file, ptb):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     size = ["--model-option", f"ntoken={V}"] if model == "RNNModel" else []
     for trainer in trainers_:
@@ -498,7 +497,7 @@ def test_each_style_trains_from_a_file_without_a_wrapper(model, trainers_, call,
 
 
 def test_the_command_line_refuses_what_it_cannot_call_in_one_line(model_file, ptb, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     cases = [
         (["--model", f"{model_file}:RNNModel", "--model-option", f"ntoken={V}"],
@@ -515,7 +514,7 @@ def test_the_command_line_refuses_what_it_cannot_call_in_one_line(model_file, pt
 
 
 def test_a_resume_under_another_declared_call_is_refused_in_one_line(model_file, ptb, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     flags = ["--model", f"{model_file}:nanogpt", "--checkpoint-every", "1", *ptb]
     assert train_main([*flags, "--model-call", "loss=model"]) == 0
@@ -555,7 +554,7 @@ class UntrainableLossLM(ShiftingLM):
                                        ("constant", "has no gradient on the first batch (constant in every parameter)"),
                                        ("nan", "the model's own loss is nan on the first batch")])
 def test_an_own_loss_that_cannot_train_is_refused_before_the_run_in_the_mode_declared(tmp_path, how, said, mode):
-    import tasks
+    from gradengines import tasks
 
     task = tasks.build("copy", n_train=16, n_val=8, n_test=8, delay=2, length=3)
     model = models.declare_call(UntrainableLossLM(how).double(), loss=mode)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.errors import ModelConfigError
-from models.orthogonal import (
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.orthogonal import (
     DEFAULT_BJORCK_ITERS,
     METHODS,
     PARAMETRIZED_METHODS,
@@ -506,7 +506,7 @@ def test_a_parametrization_that_is_not_geotorchs_is_not_an_orthogonal_method():
     read as if it had geotorch's ``triv``)."""
     from torch.nn.utils import parametrize
 
-    from models.orthogonal import has_parametrized_weight
+    from gradengines.models.orthogonal import has_parametrized_weight
 
     layer = nn.Linear(4, 4)
     parametrize.register_parametrization(layer, "weight", _Doubled())
@@ -545,7 +545,7 @@ def test_a_layers_marker_cannot_be_changed_after_marking():
     """The markers say how a layer is kept orthogonal; they are frozen (and hashable), never edited in place."""
     import dataclasses
 
-    from models.orthogonal import Retraction
+    from gradengines.models.orthogonal import Retraction
 
     for mark in (Projection("bjorck", 8), Retraction()):
         with pytest.raises(dataclasses.FrozenInstanceError):

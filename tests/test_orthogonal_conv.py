@@ -9,15 +9,13 @@ import torch.nn.functional as F
 from helpers import relative
 from torch import nn
 
-import models
-import tasks
-import trainers
-from models.errors import ModelConfigError
-from models.orthogonal import orthogonal_method, orthogonality_error
-from models.orthogonal.conv import FlattenLinear, OrthoConvBlock, OrthogonalConv2d, SpaceToDepth
-from models.zoo.cnn import OrthoConvNet, OrthoLeNet, infer_image_shape
-from trainers.core.protocols import LayerStack
-from trainers.engines.backprop import Backprop
+from gradengines import models, tasks, trainers
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.orthogonal import orthogonal_method, orthogonality_error
+from gradengines.models.orthogonal.conv import FlattenLinear, OrthoConvBlock, OrthogonalConv2d, SpaceToDepth
+from gradengines.models.zoo.cnn import OrthoConvNet, OrthoLeNet, infer_image_shape
+from gradengines.trainers.core.protocols import LayerStack
+from gradengines.trainers.engines.backprop import Backprop
 
 TOL64 = 1e-12
 TOL32 = 1e-5
@@ -431,7 +429,7 @@ def test_trainer_with_backprop():
 def test_a_symbol_cached_in_a_scope_is_computed_afresh_after_it():
     """cached_symbols(): Q once inside the scope; after it, a changed kernel changes the output (issue 41: a scope
     that never closed kept a stale Q for every later step)."""
-    from models.orthogonal.conv import cached_symbols
+    from gradengines.models.orthogonal.conv import cached_symbols
 
     torch.manual_seed(0)
     conv = OrthogonalConv2d(3, 3, 3, (4, 4)).double()

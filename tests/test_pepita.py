@@ -6,12 +6,10 @@ import pytest
 import torch
 from engine_contract import EngineContract
 
-import models
-import tasks
-import trainers
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import trainable_parameters
-from trainers.engines.pepita import Pepita
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.core.engine import trainable_parameters
+from gradengines.trainers.engines.pepita import Pepita
 
 
 class TestPepitaContract(EngineContract):

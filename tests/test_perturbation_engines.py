@@ -9,16 +9,14 @@ import torch
 from helpers import Crash, tiny_gpt2_batch
 from torch import nn
 
-import models
-import tasks
-import trainers
-from tasks.base import cross_entropy_loss
-from trainers.engines.activity_fgrad import ActivityForwardGradient
-from trainers.engines.directions import direction
-from trainers.engines.fgrad import ForwardGradient
-from trainers.engines.mezo import MeZO
-from trainers.run.checkpoint import load_checkpoint
-from trainers.run.logger import read_metrics
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.engines.activity_fgrad import ActivityForwardGradient
+from gradengines.trainers.engines.directions import direction
+from gradengines.trainers.engines.fgrad import ForwardGradient
+from gradengines.trainers.engines.mezo import MeZO
+from gradengines.trainers.run.checkpoint import load_checkpoint
+from gradengines.trainers.run.logger import read_metrics
 
 
 def small_model(seed=0):
@@ -197,7 +195,7 @@ class FailsInside(nn.Linear):
 
 
 def test_a_forward_that_raises_in_a_perturbed_pass_leaves_every_parameter_in_place():
-    from trainers.engines.mezo import perturbed
+    from gradengines.trainers.engines.mezo import perturbed
 
     model = nn.Sequential(nn.Linear(5, 6), FailsInside(6, 3))
     params = dict(model.named_parameters())

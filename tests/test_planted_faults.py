@@ -6,7 +6,7 @@ fault."""
 import importlib.util
 from pathlib import Path
 
-from trainers.core.registry import available
+from gradengines.trainers.core.registry import available
 
 ROOT = Path(__file__).resolve().parents[1]
 

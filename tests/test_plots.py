@@ -5,7 +5,7 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
-from trainers.experiments.plots import layer_grid, plot_comparison
+from gradengines.trainers.experiments.plots import layer_grid, plot_comparison
 
 
 def history(cosines: dict[str, float], ratio: float, steps=(0, 10, 20)) -> list[dict]:

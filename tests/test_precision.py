@@ -8,15 +8,13 @@ import pytest
 import torch
 from helpers import one_line_error
 
-import models
-import tasks
-import trainers
-from models.errors import ModelConfigError
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.cli import train_main
-from trainers.core.errors import ConfigError
-from trainers.core.precision import precision_of
-from trainers.core.self_check import tolerance
+from gradengines import models, tasks, trainers
+from gradengines.models.errors import ModelConfigError
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines.trainers.cli import train_main
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.precision import precision_of
+from gradengines.trainers.core.self_check import tolerance
 
 HALVES = [torch.bfloat16, torch.float16]
 

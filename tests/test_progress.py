@@ -11,16 +11,14 @@ import pytest
 import torch
 from helpers import FakeClock, TimedBackprop
 
-import models
-import tasks
-import trainers
-from trainers.cli import train_main
-from trainers.core.errors import ConfigError
-from trainers.core.options import parse_options
-from trainers.run.config import TrainConfig
-from trainers.run.logger import read_metrics
-from trainers.run.progress import Progress
-from trainers.run.trainer import eval_subset
+from gradengines import models, tasks, trainers
+from gradengines.trainers.cli import train_main
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import parse_options
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.logger import read_metrics
+from gradengines.trainers.run.progress import Progress
+from gradengines.trainers.run.trainer import eval_subset
 
 ROOT = Path(__file__).resolve().parents[1]
 STATUS = re.compile(r"^\[backprop seed 0\] step (\d+)/(\d+) \([\d.]+%\)  loss \d+\.\d{4}  ([\d.]+) steps/s  "
@@ -267,8 +265,8 @@ def test_an_interrupt_in_the_end_of_run_evaluation_names_the_step_and_checkpoint
 
 def test_an_interrupt_before_training_or_while_a_comparison_writes_its_summary_says_what_was_kept(
         tmp_path, capsys, monkeypatch):
-    from trainers.cli import compare_main, train
-    from trainers.experiments import compare
+    from gradengines.trainers.cli import compare_main, train
+    from gradengines.trainers.experiments import compare
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
@@ -293,8 +291,8 @@ def test_an_interrupt_before_training_or_while_a_comparison_writes_its_summary_s
 def test_an_interrupt_between_a_comparisons_runs_counts_the_runs_kept_from_their_files(tmp_path, capsys, monkeypatch):
     """Ctrl-C after two of four runs finished (outside any run's own loop) names those two as kept, counted from their
     result.json, never "no run was trained"; the resume trains the other two only."""
-    from trainers.cli import compare_main
-    from trainers.experiments import compare
+    from gradengines.trainers.cli import compare_main
+    from gradengines.trainers.experiments import compare
 
     real, calls = compare._run_or_record, []
 

@@ -34,11 +34,9 @@ from helpers import GPT, GPTConfig, cosine, engine_grads, relative, write_tiny_p
 from torch import nn
 from torch.nn import functional as F
 
-import models
-import tasks
-import trainers
-from models.adapters.calling import call_model
-from tasks.stream import StreamReader
+from gradengines import models, tasks, trainers
+from gradengines.models.adapters.calling import call_model
+from gradengines.tasks.stream import StreamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 README_PATH = ROOT / "README.md"
@@ -380,15 +378,16 @@ SKIPPED = {
 }
 
 PYTHON_BLOCKS = {  # the first line of each Python block: the test that runs it
-    "import models, tasks, trainers\n\ntask = tasks.build(\"digits\")": "test_the_api_example_trains_on_digits",
-    "import models, tasks, trainers\nfrom nanogpt import":
+    "from gradengines import models, tasks, trainers\n\ntask = tasks.build(\"digits\")":
+        "test_the_api_example_trains_on_digits",
+    "from gradengines import models, tasks, trainers\nfrom nanogpt import":
         "test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_its_own_loss",
     "net = nn.Sequential(": "test_the_layer_stack_example_trains_a_sequential_mlp_with_foton",
     "class LanguageModel(nn.Module):": "test_the_gru_language_model_example_trains_with_dsf",
     "gpt = GPT(GPTConfig(": "test_the_nanogpt_example_trains_with_highway_and_matches_backprop_at_full_k",
     "retraction = models.retraction.CayleyRetraction(model)": "test_the_retraction_example_keeps_the_layers_orthogonal",
     "@register_engine(\"myengine\")": "test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train",
-    "from torch.utils.data import TensorDataset\nimport torch, models, tasks, trainers":
+    "from torch.utils.data import TensorDataset\nimport torch\nfrom gradengines import models, tasks, trainers":
         "test_the_datasets_example_trains_with_highway",
     MY_DATA: "test_the_csv_factory_example_splits_the_rows_once",
     "# wikitext_data.py": "test_the_wikitext_factory_feeds_gpt2_named_inputs_and_highway_is_exact",
@@ -434,7 +433,7 @@ def test_every_readme_block_is_run_or_skipped_with_a_reason():
 def invoke(argv: list[str]) -> int:
     """What the command runs: ``scripts/X.py`` is ``trainers.cli.COMMANDS["X"]`` (another script its ``main``),
     ``python -c`` its program, ``gradengines`` is ``trainers.cli.main`` (the console script)."""
-    from trainers.cli import COMMANDS, main
+    from gradengines.trainers.cli import COMMANDS, main
 
     if argv[0] in ("python", ".venv/bin/python") and re.fullmatch(r"scripts/\w+\.py", argv[1]) \
             and Path(argv[1]).stem in COMMANDS:
@@ -457,7 +456,7 @@ def test_readme_commands_run_top_to_bottom_in_one_folder(tmp_path, monkeypatch, 
     """Every command of the README that can run here, in README order, in one fresh folder, as a newcomer runs
     them (issue 42): none may fail, and in particular none may find its default folder taken by an earlier,
     different example (``trainers/cli/names.py``). Sizes are shrunk; folders are not."""
-    from trainers.experiments import compare
+    from gradengines.trainers.experiments import compare
 
     # comparison.png is not drawn: 3-7 s a figure here; tests/test_cli.py draws the default comparison's
     monkeypatch.setattr(compare, "plot_comparison", lambda *args, **kwargs: None)
@@ -564,7 +563,8 @@ def test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_i
     write_tiny_ptb(tmp_path, lines=(200, 30, 30), words_per_line=8)
     monkeypatch.setitem(sys.modules, "nanogpt", types.SimpleNamespace(GPT=GPT, GPTConfig=GPTConfig))
     monkeypatch.setitem(sys.modules, "rnn_model", types.SimpleNamespace(RNNModel=RNNModel))
-    code = example("import models, tasks, trainers\nfrom nanogpt import").replace("../shared/data/ptb", str(tmp_path))
+    code = example("from gradengines import models, tasks, trainers\nfrom nanogpt import")
+    code = code.replace("../shared/data/ptb", str(tmp_path))
     torch.manual_seed(0)
     scope: dict = {}
     exec(code, scope)  # noqa: S102 - the README's example
@@ -581,7 +581,7 @@ def test_the_unmodified_models_example_trains_an_rnn_with_dsf_and_nanogpt_with_i
 
 
 def digits_batches(n: int, batch: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    import tasks
+    from gradengines import tasks
 
     train = tasks.build("digits").train
     return [(train.inputs[i * batch:(i + 1) * batch], train.targets[i * batch:(i + 1) * batch]) for i in range(n)]
@@ -592,7 +592,7 @@ def test_the_api_example_trains_on_digits(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # it writes runs/
     torch.manual_seed(0)
     scope: dict = {}
-    exec(example("import models, tasks, trainers\n\ntask = tasks.build(\"digits\")"), scope)  # noqa: S102
+    exec(example("from gradengines import models, tasks, trainers\n\ntask = tasks.build(\"digits\")"), scope)  # noqa: S102
     assert scope["report"]["global"] == pytest.approx(1.0) and math.isfinite(scope["out"].loss)
     [result] = (tmp_path / "runs").rglob("result.json")
     record = json.loads(result.read_text())
@@ -618,7 +618,7 @@ def test_the_layer_stack_example_trains_a_sequential_mlp_with_foton():
 
 def test_the_retraction_example_keeps_the_layers_orthogonal():
     """The Cayley retraction in a plain loop: low-rank steps that move the weights and keep them orthogonal."""
-    import tasks
+    from gradengines import tasks
 
     torch.manual_seed(0)
     task = tasks.build("digits")
@@ -636,11 +636,11 @@ def test_the_retraction_example_keeps_the_layers_orthogonal():
 def test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train(monkeypatch):
     """The "Adding an engine" skeleton with the imports an engine file has: registered under its name, its option
     a flag, its check refusing a model that is not a residual stack in one line."""
-    from trainers.cli import base_parser
-    from trainers.core import registry
-    from trainers.core.engine import GradientEngine, StepOutput
-    from trainers.core.options import option
-    from trainers.core.protocols import ResidualStack, require
+    from gradengines.trainers.cli import base_parser
+    from gradengines.trainers.core import registry
+    from gradengines.trainers.core.engine import GradientEngine, StepOutput
+    from gradengines.trainers.core.options import option
+    from gradengines.trainers.core.protocols import ResidualStack, require
 
     monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))  # forgotten after the test
     scope = {"dataclasses": dataclasses, "register_engine": registry.register_engine, "GradientEngine": GradientEngine,

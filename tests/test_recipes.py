@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from trainers.cli import DEFAULT_COMPARISON, compare_main, train_main
-from trainers.core.options import parse_options
-from trainers.core.registry import engine_class
-from trainers.experiments.recipes import RECIPES, recipe_for
-from trainers.experiments.summary import failure_notes, settings_table
-from trainers.run.config import TrainConfig
+from gradengines.trainers.cli import DEFAULT_COMPARISON, compare_main, train_main
+from gradengines.trainers.core.options import parse_options
+from gradengines.trainers.core.registry import engine_class
+from gradengines.trainers.experiments.recipes import RECIPES, recipe_for
+from gradengines.trainers.experiments.summary import failure_notes, settings_table
+from gradengines.trainers.run.config import TrainConfig
 
 QUICK = ["--experiment", "compare-digits",
          "--steps", "4", "--eval-every", "2", "--seeds", "0", "--grad-agreement-every", "0", "--progress", "false"]
@@ -122,8 +122,8 @@ def test_settings_table_lists_engine_options_and_sources():
 def test_a_diverging_trainer_is_recorded_and_the_others_finish(tmp_path, capsys):
     """One trainer's NaN loss does not end the comparison: the others finish, summary.md says
     which run stopped and why, and compare.py exits 1 with one line."""
-    from trainers.core.registry import _ENGINES, register_engine
-    from trainers.engines.backprop import Backprop
+    from gradengines.trainers.core.registry import _ENGINES, register_engine
+    from gradengines.trainers.engines.backprop import Backprop
 
     @register_engine("explodes")
     class Explodes(Backprop):

@@ -9,13 +9,11 @@ import torch
 import torch.nn as nn
 from helpers import write_ptb_text
 
-import models
-import tasks
-import trainers
-from models import ModelConfigError
-from models.layers.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN
-from models.layers.scan import forward_scan
-from trainers.core.protocols import RecurrentLayer
+from gradengines import models, tasks, trainers
+from gradengines.models import ModelConfigError
+from gradengines.models.layers.recurrent import CELLS, GRU, LSTM, DiagonalLinearRNN, TanhRNN
+from gradengines.models.layers.scan import forward_scan
+from gradengines.trainers.core.protocols import RecurrentLayer
 
 B, T, D_IN, D = 3, 7, 5, 6
 LAYERS = [TanhRNN, GRU, LSTM, DiagonalLinearRNN]

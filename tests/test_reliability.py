@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import one_line_error
 
-from trainers.cli import compare_main, train_main
+from gradengines.trainers.cli import compare_main, train_main
 
 QUICK = ["--depth", "2", "--width", "8", "--steps", "2", "--progress", "false"]
 TRAINED = "train-mlp-depth=2-width=8-digits"  # train.py's default experiment with QUICK (trainers/cli/names.py)
@@ -88,8 +88,8 @@ def test_an_empty_split_is_refused_before_training(tmp_path, capsys, option):
 def test_labels_out_of_range_are_refused_when_the_task_is_built():
     import torch
 
-    from tasks.base import Split, Task
-    from tasks.errors import TaskConfigError
+    from gradengines.tasks.base import Split, Task
+    from gradengines.tasks.errors import TaskConfigError
 
     good = Split(torch.zeros(4, 3), torch.tensor([0, 1, 2, 1]))
     Task("ok", good, good, good, input_shape=(3,), num_outputs=3)
@@ -125,7 +125,7 @@ DAMAGED = {
 def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys):
     """Each kind of damage in its own run folder, beside a good comparison: every file is named once per
     command, the good runs are reported by compare.py, train.py (its HParams configuration) and table.py."""
-    from trainers.cli import table_main
+    from gradengines.trainers.cli import table_main
 
     planted = {}
     for i, damage in enumerate(DAMAGED):
@@ -153,7 +153,7 @@ def test_damaged_records_are_named_and_the_good_runs_reported(tmp_path, capsys):
 def test_a_table_of_only_damaged_records_says_they_were_found(tmp_path, capsys, damaged):
     """table.py where every result.json is damaged: each is named, and the error counts them rather than saying
     there were none (it said "no result.json below"); an empty folder still says there are none."""
-    from trainers.cli import table_main
+    from gradengines.trainers.cli import table_main
 
     for i in range(damaged):
         folder = tmp_path / "runs" / "e" / f"r{i}" / "seed0"
@@ -175,7 +175,7 @@ def test_a_table_of_only_damaged_records_says_they_were_found(tmp_path, capsys, 
 
 
 def test_a_run_without_a_test_and_a_nested_run_name_are_reported(tmp_path, capsys):
-    from trainers.cli import table_main
+    from gradengines.trainers.cli import table_main
 
     assert compare_main([*QUICK, "--trainers", "backprop", "--seeds", "0", "--timing-rounds", "5",
                          "--run-name", "group/bp", "--logdir", str(tmp_path)]) == 0
@@ -217,7 +217,7 @@ def _craft(state: dict, damage: str, path) -> None:
 @pytest.mark.parametrize("damage", ["a text step", "a negative step", "garbage rng", "no config",
                                     "an empty optimizer state", "a directory", "a FIFO", "a raw pickle"])
 def test_a_damaged_checkpoint_is_one_line_and_nothing_trains(tmp_path, capsys, damage):
-    from trainers.run.checkpoint import load_checkpoint
+    from gradengines.trainers.run.checkpoint import load_checkpoint
 
     flags = [*QUICK[:4], "--progress", "false", "--logdir", str(tmp_path)]
     assert train_main([*flags, "--steps", "2", "--checkpoint-every", "1"]) == 0
@@ -283,7 +283,7 @@ def test_ctrl_c_while_the_framework_loads_is_one_line():
     code = ("import builtins, runpy, sys\n"
             "real = builtins.__import__\n"
             "def ctrl_c(name, *args, **kwargs):\n"
-            "    if name == 'trainers.cli':\n"
+            "    if name == 'gradengines.trainers.cli':\n"
             "        raise KeyboardInterrupt\n"
             "    return real(name, *args, **kwargs)\n"
             "builtins.__import__ = ctrl_c\n"
@@ -352,14 +352,14 @@ def test_bench_refuses_an_unwritable_out_before_timing(tmp_path, capsys, monkeyp
     any timing, not after the benchmark."""
     import errno
 
-    import trainers.bench
-    from trainers.cli import bench_main
+    from gradengines.trainers import bench
+    from gradengines.trainers.cli import bench_main
 
     def read_only(dir, **_):
         raise PermissionError(errno.EACCES, "Permission denied", str(dir))
 
-    monkeypatch.setattr("trainers.cli.bench.tempfile.NamedTemporaryFile", read_only)
-    monkeypatch.setattr(trainers.bench, "bench_scan", lambda **_: pytest.fail("timed before checking --out"))
+    monkeypatch.setattr("gradengines.trainers.cli.bench.tempfile.NamedTemporaryFile", read_only)
+    monkeypatch.setattr(bench, "bench_scan", lambda **_: pytest.fail("timed before checking --out"))
     assert bench_main(["--suite", "scan", "--lengths", "8", "--steps", "20", "--out", str(tmp_path / "o")]) == 2
     assert "Permission denied" in one_line_error(capsys)
 
@@ -374,13 +374,11 @@ def test_a_comparison_prints_no_profiler_lines(tmp_path, capfd):
 def test_the_python_api_raises_the_projects_named_errors():
     import torch
 
-    import models
-    import tasks
-    import trainers
-    from models.errors import ModelConfigError
-    from tasks.base import cross_entropy_loss
-    from tasks.errors import TaskConfigError
-    from trainers.core.errors import ConfigError, IncompatibleModelError
+    from gradengines import models, tasks, trainers
+    from gradengines.models.errors import ModelConfigError
+    from gradengines.tasks.base import cross_entropy_loss
+    from gradengines.tasks.errors import TaskConfigError
+    from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
 
     task = tasks.build("teacher", in_features=8, num_classes=3, n_train=32, n_val=16, n_test=16, hidden=8)
     model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
@@ -425,8 +423,8 @@ def test_an_error_line_is_written_whole(monkeypatch):
     ranks' lines run together (seen with --lr nan on 2 ranks)."""
     import io
 
-    from trainers.cli import run_cli
-    from trainers.core.errors import ConfigError
+    from gradengines.trainers.cli import run_cli
+    from gradengines.trainers.core.errors import ConfigError
 
     writes = []
 
@@ -447,8 +445,8 @@ def test_an_error_line_is_written_whole(monkeypatch):
 def test_an_idx_file_of_no_images_is_refused_when_the_task_is_built(tmp_path):
     import struct
 
-    import tasks
-    from tasks.errors import DataError, TaskConfigError
+    from gradengines import tasks
+    from gradengines.tasks.errors import DataError, TaskConfigError
 
     folder = tmp_path / "mnist-t10k"
     folder.mkdir()

@@ -13,10 +13,8 @@ import torch
 from conftest import ROOT
 from torch import nn
 
-import models
-import tasks
-import trainers
-from trainers.core.replicas import unwrap
+from gradengines import models, tasks, trainers
+from gradengines.trainers.core.replicas import unwrap
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 
@@ -29,8 +27,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, sys.argv[2])
-import models, tasks, trainers
-from trainers.core.errors import IncompatibleModelError
+from gradengines import models, tasks, trainers
+from gradengines.trainers.core.errors import IncompatibleModelError
 
 dist.init_process_group("gloo")
 rank, out = dist.get_rank(), sys.argv[1]
@@ -117,7 +115,7 @@ from torch.utils.data import SequentialSampler
 
 if __name__ == "__main__":
     sys.path.insert(0, sys.argv[2])
-from trainers.loops.hf import EngineTrainer  # noqa: E402
+from gradengines.trainers.loops.hf import EngineTrainer  # noqa: E402
 
 
 class InOrder(EngineTrainer):

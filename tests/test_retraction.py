@@ -8,21 +8,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import models
-import tasks
-import trainers
-from models.errors import ModelConfigError
-from models.orthogonal import (
+from gradengines import models, tasks, trainers
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.orthogonal import (
     DEFAULT_BJORCK_ITERS,
     make_orthogonal,
     orthogonal_method,
     orthogonality_error,
     polar,
 )
-from models.orthogonal.cayley import cayley_retract, cayley_retract_lowrank
-from models.orthogonal.retraction import CayleyRetraction
-from trainers.cli import bench_main, train_main
-from trainers.core.errors import ConfigError
+from gradengines.models.orthogonal.cayley import cayley_retract, cayley_retract_lowrank
+from gradengines.models.orthogonal.retraction import CayleyRetraction
+from gradengines.trainers.cli import bench_main, train_main
+from gradengines.trainers.core.errors import ConfigError
 
 F64 = torch.float64
 SHAPES = {"square": (24, 24), "wide": (16, 24), "tall": (24, 16)}  # (out, in)
@@ -133,7 +131,7 @@ def frame_gram_error(W):
 def test_the_drift_measures_are_their_definitions(shape):
     """dense_drift = rms eigenvalue of X^T X - I over 64 eps; _drift_along = ||Q_s^T (X^T X - I) Q_s||_F / ||Q_s||_F^2
     on the first 16 of the batch's vectors; prepare_lowrank_cayley's risk = max(drift along / 64 eps, 2 ||S||_F)."""
-    from models.orthogonal.cayley import _drift_along, dense_drift, prepare_lowrank_cayley
+    from gradengines.models.orthogonal.cayley import _drift_along, dense_drift, prepare_lowrank_cayley
 
     out, inp = SHAPES[shape]
     eps64 = 64 * torch.finfo(F64).eps
@@ -157,7 +155,7 @@ def test_a_drifted_weight_takes_the_step_then_one_bjorck_iteration_and_an_orthog
     """Above 64 eps of drift the dense step is the Cayley step of the drifted weight followed by exactly one Björck
     iteration (from a drift of 1e-3 one iteration leaves ~1e-6, two would leave ~1e-12); the low-rank step, drifted
     along the batch, ends orthogonal too, next to the dense one; an orthogonal weight takes the step alone."""
-    from models.orthogonal.projection import bjorck
+    from gradengines.models.orthogonal.projection import bjorck
 
     out, inp = SHAPES[shape]
     G = torch.randn(out, inp, generator=torch.Generator().manual_seed(3), dtype=F64)
@@ -220,7 +218,7 @@ ENGINES = ["backprop", "foton", "foton:mode=jvp", "foton:mode=lowmem", "pepita",
 def test_every_engine_leaves_factors_and_the_step_is_the_cayley_step_of_its_gradient(spec):
     """One step of each engine: the retracted weights become cayley_retract(W, the engine's own .grad, lr)
     through the low-rank path (no dense fallback), everything else takes the optimizer's step."""
-    from trainers.bench import engine_from_spec
+    from gradengines.trainers.bench import engine_from_spec
 
     model = mlp()
     x, y = batch()
@@ -419,7 +417,7 @@ def test_the_readme_loop_runs_as_written():
 def test_the_trainer_notes_a_dense_fallback_once(task, capsys):
     """An engine whose .grad differs from what autograd saw (here: doubled) gets the exact dense step, and
     the run says so in one note, not once per step."""
-    from trainers.engines.backprop import Backprop
+    from gradengines.trainers.engines.backprop import Backprop
 
     class Doubled(Backprop):
         def compute_grads(self, model, inputs, targets, loss_fn):
@@ -500,7 +498,7 @@ def test_a_retracted_weight_left_out_of_the_optimizer_is_not_stepped():
 def test_the_drift_is_measured_from_the_identity():
     """dense_drift: rms eigenvalue of X^T X - I over 64 eps; an orthogonal matrix is below 1 (no correction), one
     scaled by 1 + 1e-10 above (issue 41: the identity not subtracted)."""
-    from models.orthogonal.cayley import dense_drift
+    from gradengines.models.orthogonal.cayley import dense_drift
 
     Q = torch.linalg.qr(torch.randn(12, 8, dtype=F64)).Q
     assert float(dense_drift(Q)) < 1 < float(dense_drift(Q * (1 + 1e-10)))
@@ -524,7 +522,7 @@ class TiedPair(nn.Module):
 def test_a_tied_retracted_weight_is_one_layer_stepped_once():
     """retracted_modules lists a weight two modules share once, so the step retracts it once: the dense Cayley step
     of its whole gradient (a second retraction would move it twice)."""
-    from models.orthogonal.retraction import retracted_modules
+    from gradengines.models.orthogonal.retraction import retracted_modules
 
     torch.manual_seed(0)
     model = TiedPair()
@@ -538,7 +536,7 @@ def test_a_tied_retracted_weight_is_one_layer_stepped_once():
 def test_a_recording_ends_with_its_block_and_a_disabled_one_records_nothing():
     """After ``recording()`` no factor reaches it (record_layer_grads has no open recording), and
     ``recording(enabled=False)`` (gradients averaged over ranks afterwards) installs no hook and keeps nothing."""
-    from models.orthogonal.retraction import _RECORDING, record_layer_grads
+    from gradengines.models.orthogonal.retraction import _RECORDING, record_layer_grads
 
     torch.manual_seed(0)
     model = TiedPair()
@@ -574,7 +572,7 @@ def test_the_optimizer_check_reads_only_the_groups_holding_a_retracted_weight():
 def test_factors_reported_without_a_forward_take_the_low_rank_step_of_their_product():
     """A layer-stack engine's report (record_layer_grads) of alpha D^T H for an input no forward call saw: no
     pre-activations to reuse, so the step computes W Q itself; the update is the Cayley step of that gradient."""
-    from models.orthogonal.retraction import record_layer_grads
+    from gradengines.models.orthogonal.retraction import record_layer_grads
 
     torch.manual_seed(0)
     layer = make_orthogonal(nn.Linear(24, 24, dtype=F64), "retraction")

@@ -5,10 +5,10 @@ included, with every way on named."""
 import pytest
 from helpers import one_line_error
 
-from trainers.cli import compare_main, train_main
-from trainers.cli.compare import compare_parser, model_given
-from trainers.cli.names import MAX_NAME, default_experiment, default_run_name
-from trainers.cli.train import train_parser
+from gradengines.trainers.cli import compare_main, train_main
+from gradengines.trainers.cli.compare import compare_parser, model_given
+from gradengines.trainers.cli.names import MAX_NAME, default_experiment, default_run_name
+from gradengines.trainers.cli.train import train_parser
 
 
 def train_folder(*argv: str) -> str:
@@ -17,7 +17,7 @@ def train_folder(*argv: str) -> str:
 
 
 def compare_folder(*argv: str) -> str:
-    from trainers.cli.args import trainer_runs
+    from gradengines.trainers.cli.args import trainer_runs
 
     parser = compare_parser(list(argv))
     args = parser.parse_args(list(argv))
@@ -79,7 +79,7 @@ def test_train_refuses_its_own_taken_folder_and_names_every_way_on(tmp_path, cap
 
 
 def test_tune_is_refused_before_its_first_trial_when_the_comparison_folder_is_taken(tmp_path, capsys, monkeypatch):
-    from trainers.cli import compare
+    from gradengines.trainers.cli import compare
 
     flags = [*QUICK, "--trainers", "backprop", "--tune", "--tune-grid", "lr=1e-3,1e-2", "--logdir", str(tmp_path)]
     assert compare_main(flags) == 0

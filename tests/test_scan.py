@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from models.layers.scan import reverse_scan
+from gradengines.models.layers.scan import reverse_scan
 
 FORMS = ["sequential", "hillis_steele", "chunked", "auto"]
 
@@ -103,7 +103,7 @@ def test_hillis_steele_is_differentiable_like_the_loop():
 
 @pytest.mark.parametrize("with_s0", [False, True])
 def test_forward_scan_is_the_forward_recurrence(with_s0):
-    from models.layers.scan import forward_scan
+    from gradengines.models.layers.scan import forward_scan
 
     gen = torch.Generator().manual_seed(4)
     u = torch.randn(2, 9, 3, generator=gen, dtype=torch.float64)  # (B, T, d)

@@ -13,13 +13,12 @@ from helpers import autograd_grads, engine_grads, relative
 from torch import nn
 from torch.nn import functional as F
 
-import models
-import trainers
-from models.adapters.calling import call_model
-from models.adapters.discovery import ResidualFound
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.self_check import differences, failures_refused, loosest, quiet, tolerance
-from trainers.engines.highway import exact_cotangents, highway_iterations
+from gradengines import models, trainers
+from gradengines.models.adapters.calling import call_model
+from gradengines.models.adapters.discovery import ResidualFound
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines.trainers.core.self_check import differences, failures_refused, loosest, quiet, tolerance
+from gradengines.trainers.engines.highway import exact_cotangents, highway_iterations
 
 V, T, B, N = 11, 6, 3, 8
 
@@ -408,7 +407,7 @@ def test_fa_with_b_equal_w_is_backprop_through_a_weight_transform_or_padding_in_
 def bypass_weight_transforms(monkeypatch):
     """The deliberately broken layer path: each layer function reads the stored weight, as before 'run as written'
     (a weight standardised in the forward is then bypassed)."""
-    from trainers.engines import feedback_layers
+    from gradengines.trainers.engines import feedback_layers
 
     def bypass(self, index, name, module):
         kind = feedback_layers._Conv(module.stride, module.padding, module.dilation, module.groups) \
@@ -526,7 +525,7 @@ class Net(nn.Module):
 
 
 def test_the_command_line_refuses_a_silent_wrong_in_one_line_before_anything_is_written(tmp_path, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     (tmp_path / "table.py").write_text(TABLE_NET)
     flags = ["--model", f"{tmp_path / 'table.py'}:Net", "--trainer", "highway", "--steps", "2", "--progress", "false"]

@@ -14,8 +14,8 @@ import pytest
 import torch
 from helpers import write_ptb_text
 
-import trainers
-from tasks import (
+from gradengines import models, trainers
+from gradengines.tasks import (
     IGNORE_INDEX,
     DataError,
     Split,
@@ -146,7 +146,7 @@ def test_evaluation_means_over_counted_tokens(ptb_dir):
     """Perplexity of padded sentences: every counted token weighs the same, whatever its batch."""
     task = build("ptb-word", data_dir=ptb_dir, seq_len=8, sentences=True)
     torch.manual_seed(0)
-    model = __import__("models").build("rnn_lm", in_features=8, out_features=task.num_outputs, hidden=8)
+    model = models.build("rnn_lm", in_features=8, out_features=task.num_outputs, hidden=8)
     trainer = trainers.Trainer(model, trainers.build_engine("backprop"), task, eval_batch_size=1, progress=False)
     with torch.no_grad():
         whole = sequence_cross_entropy(model(task.train.inputs), task.train.targets).item()

@@ -7,10 +7,9 @@ import torch
 import torch.nn as nn
 from helpers import engine_grads
 
-import models
-import trainers
-from models.orthogonal import make_orthogonal
-from trainers.engines.forward_only import stack_calls
+from gradengines import models, trainers
+from gradengines.models.orthogonal import make_orthogonal
+from gradengines.trainers.engines.forward_only import stack_calls
 
 
 def _mlp(activation, dropout=0.0, orthogonal="bjorck"):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from trainers.experiments.stats import Paired, holm, median_interval, paired_test, summarize
-from trainers.experiments.verdict import (
+from gradengines.trainers.experiments.stats import Paired, holm, median_interval, paired_test, summarize
+from gradengines.trainers.experiments.verdict import (
     Units,
     default_target,
     family_p,

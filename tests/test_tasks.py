@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import tasks
-from tasks import DataError, Split, Task, TaskConfigError, available, build
-from tasks import cifar10 as cifar_mod
-from tasks import download as dl
-from tasks import idx as idx_mod
+from gradengines import tasks
+from gradengines.tasks import DataError, Split, Task, TaskConfigError, available, build
+from gradengines.tasks import cifar10 as cifar_mod
+from gradengines.tasks import download as dl
+from gradengines.tasks import idx as idx_mod
 
 ALL_TASKS = {"digits", "teacher", "mnist", "fashion-mnist", "cifar10"}
 IDX_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]

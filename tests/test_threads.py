@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.cli import bench_main, train_main
-from trainers.core import threads
-from trainers.core.errors import ConfigError
+from gradengines.trainers.cli import bench_main, train_main
+from gradengines.trainers.core import threads
+from gradengines.trainers.core.errors import ConfigError
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_more_threads_than_cores_are_taken_with_a_note(monkeypatch, capsys, rest
 API_RUN = """
 import sys, torch
 sys.path[:0] = [{root!r}]
-import models, tasks, trainers
+from gradengines import models, tasks, trainers
 task = tasks.build("teacher", in_features=8, num_classes=3, n_train=64, n_val=16, n_test=16, hidden=8)
 model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
 {before}
@@ -183,7 +183,7 @@ def api_run(before: str = "", busy: bool = False, **env) -> tuple[int, list[str]
 def test_the_python_api_chooses_threads_as_the_command_line_and_says_it_once():
     count, said = api_run(busy=True)
     cores = threads.usable_cores()
-    assert len(said) == 1 and "auto: " in said[0] and "trainers.set_threads(N)" in said[0]
+    assert len(said) == 1 and "auto: " in said[0] and "gradengines.set_threads(N)" in said[0]
     assert 1 <= count <= max(1, cores - 1)  # the spinning child's core is left to it (others may be busy too)
 
 

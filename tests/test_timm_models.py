@@ -10,9 +10,8 @@ import pytest
 import torch
 from helpers import autograd_grads, engine_grads, relative
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss
 
 timm = pytest.importorskip("timm")
 
@@ -82,7 +81,7 @@ def test_a_deeper_resnet_segment_is_approximated_at_k0_and_exact_at_its_length()
 
 
 def test_timm_create_model_trains_from_the_command_line(tmp_path, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     timm_model = ["--model", "timm:create_model", "--model-option", "model_name=resnet18", "--model-option",
                   "num_classes=10", "--model-option", "in_chans=1", "--model-option", "channels=(8,8,16,16)",
@@ -94,7 +93,7 @@ def test_timm_create_model_trains_from_the_command_line(tmp_path, capsys):
 
 
 def test_fa_on_a_resnet_covers_every_convolution_and_with_b_equal_w_is_backprop():
-    from trainers.engines.feedback_layers import covered_layers
+    from gradengines.trainers.engines.feedback_layers import covered_layers
 
     torch.manual_seed(0)
     model = randomised(timm.create_model("resnet18", num_classes=10, in_chans=1, channels=(8, 16, 16, 32))
@@ -146,7 +145,7 @@ def test_fa_with_b_equal_w_is_backprop_where_the_layers_transform_their_weight_o
 @pytest.mark.parametrize("name", ["resnetv2_50x1_bit", "tf_mobilenetv3_small_minimal_100"])
 def test_the_command_line_trains_them_without_a_traceback(name, trainer, tmp_path, capsys):
     """StdConv2d and Conv2dSame by name from train.py: each engine trains a step and says what it found or covers."""
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     code = train_main(["--model", "timm:create_model", "--model-option", f"model_name={name}", "--model-option",
                        "num_classes=10", "--model-option", "in_chans=1", "--task", "digits", "--task-option",

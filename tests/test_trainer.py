@@ -8,13 +8,11 @@ import pytest
 import torch
 from helpers import Crash, CrashingBackprop
 
-import models
-import tasks
-import trainers
-from trainers.engines.backprop import Backprop
-from trainers.run.checkpoint import load_checkpoint, save_atomic
-from trainers.run.logger import read_metrics
-from trainers.run.optim import StepDecay, WarmupCosine
+from gradengines import models, tasks, trainers
+from gradengines.trainers.engines.backprop import Backprop
+from gradengines.trainers.run.checkpoint import load_checkpoint, save_atomic
+from gradengines.trainers.run.logger import read_metrics
+from gradengines.trainers.run.optim import StepDecay, WarmupCosine
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +142,7 @@ def test_atomic_writes_get_the_permissions_of_a_new_file_and_a_name_tensorboard_
     import os
     import stat
 
-    from trainers.run.checkpoint import write_atomic, write_text_atomic
+    from gradengines.trainers.run.checkpoint import write_atomic, write_text_atomic
 
     seen = []
     previous = os.umask(0o027)

@@ -7,9 +7,8 @@ import torch
 from helpers import autograd_grads, engine_grads, relative, write_tiny_ptb
 from torch import nn
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()  # tiny configs: token ids outside the tiny vocabulary, etc.
@@ -93,7 +92,7 @@ def test_the_models_own_loss_with_shift_labels_trains_as_the_task_loss(name):
 
 
 def test_the_trainer_refuses_the_double_shift_before_training(tmp_path):
-    import tasks
+    from gradengines import tasks
 
     task = tasks.build("ptb-word", data_dir=write_tiny_ptb(tmp_path), seq_len=T)
     model = models.declare_call(gpt2(vocab=len(task.vocab)).float(), loss="model")
@@ -185,7 +184,7 @@ def test_a_bad_architecture_option_is_one_line(name, options, expected):
 
 
 def cli(*args, tmp_path):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     return train_main([*args, "--steps", "3", "--progress", "false", "--logdir", str(tmp_path / "runs"),
                        "--experiment", "e", "--eval-batches", "1"])
@@ -299,7 +298,7 @@ def test_highway_finds_the_stack_from_the_command_line_and_says_so(tmp_path, cap
 # ---- item 6: FA and DFA on the model as it is -------------------------------------------------------
 
 def test_fa_on_gpt2_covers_its_conv1d_layers_and_with_b_equal_w_is_backprop():
-    from trainers.engines.feedback_layers import covered_layers
+    from gradengines.trainers.engines.feedback_layers import covered_layers
 
     model = gpt2().eval()
     x, y = lm_batch()

@@ -9,10 +9,9 @@ import pytest
 import torch
 from helpers import autograd_grads, engine_grads, relative
 
-import models
-import trainers
-from models.adapters.discovery import ResidualFound
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.models.adapters.discovery import ResidualFound
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from trainers.cli import compare_main
-from trainers.core.errors import ConfigError
-from trainers.experiments.tuning import (
+from gradengines.trainers.cli import compare_main
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.experiments.tuning import (
     LR_FACTORS,
     grid_edges,
     parse_grid,
@@ -17,7 +17,7 @@ from trainers.experiments.tuning import (
     trial_name,
     tuning_caveats,
 )
-from trainers.run.trainer import Trainer
+from gradengines.trainers.run.trainer import Trainer
 
 QUICK = ["--steps", "6", "--eval-every", "2", "--grad-agreement-every", "0", "--progress", "false",
          "--depth", "2", "--width", "16"]

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 from helpers import cosine, engine_grads, relative
 
-import models
-from trainers.cli import compare_main, train_main
+from gradengines import models
+from gradengines.trainers.cli import compare_main, train_main
 
 USER_MODELS = textwrap.dedent('''
     import torch
@@ -186,9 +186,18 @@ def test_the_installed_package_runs_its_console_commands_from_another_directory(
     def gradengines(*args):
         return subprocess.run([venv / "bin" / "gradengines", *args], cwd=work, env=env, capture_output=True, text=True)
 
-    where = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('trainers').origin)"],
+    where = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('gradengines').origin, "
+                            "*(u.find_spec(n) for n in ('trainers', 'models', 'tasks')))"],
                            cwd=work, env=env, capture_output=True, text=True).stdout  # found, not imported: no torch
-    assert where.startswith(str(venv))
+    assert where.startswith(str(venv)) and where.split()[1:] == ["None"] * 3  # one import name, nothing beside it
+    (record,) = Path(purelib).glob("gradengines-*.dist-info/RECORD")
+    top = {line.split("/")[0] for line in record.read_text().splitlines()
+           if ".dist-info" not in line.split(",")[0] and not line.startswith("..")}  # ../../../bin: the command
+    assert top == {"gradengines"}, top  # the wheel installs one package
+    package = Path(purelib) / "gradengines"
+    installed = {str(p.relative_to(package)) for p in package.rglob("*.py")}
+    assert {str(p.relative_to(root)) for d in ("trainers", "models", "tasks") for p in (root / d).rglob("*.py")} \
+        <= installed  # every module of the folders mapped into it
     quiet = ["--progress", "false", "--logdir", "runs"]
     done = gradengines("train", "--model", "user_models.py:Net", "--model-option", "hidden=8", "--steps", "5", *quiet)
     assert done.returncode == 0, done.stderr
@@ -229,7 +238,7 @@ def sequential(widths=(8, 6, 5, 3), act=None, dropout=0.0):
 def test_foton_on_a_users_linear_narrowing_orthogonal_sequential_is_backprop():
     import torch
 
-    import trainers
+    from gradengines import trainers
 
     net = sequential()
     stack = models.layer_stack(net, orthogonal="bjorck")
@@ -252,7 +261,7 @@ def test_foton_on_a_users_tanh_sequential_is_its_own_rule_and_not_backprop():
     import torch
     from torch import nn
 
-    import trainers
+    from gradengines import trainers
 
     net = sequential(act=nn.Tanh)
     stack = models.layer_stack(net, orthogonal="bjorck")
@@ -285,9 +294,8 @@ def test_every_layer_stack_engine_trains_a_users_sequential_through_the_trainer(
     import torch
     from torch import nn
 
-    import tasks
-    import trainers
-    from models.orthogonal import orthogonality_error
+    from gradengines import tasks, trainers
+    from gradengines.models.orthogonal import orthogonality_error
 
     task = tasks.build("teacher", n_train=128, in_features=8, num_classes=3)
     for name in ("foton", "pepita", "fa", "dfa"):
@@ -335,8 +343,7 @@ def test_the_readme_sequential_example_runs():
     import torch
     from torch import nn
 
-    import tasks
-    import trainers
+    from gradengines import tasks, trainers
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"```python\n(net = nn\.Sequential.*?)```", readme, re.S).group(1)
@@ -361,7 +368,7 @@ def test_the_readme_sequential_example_runs():
 def test_the_user_bench_times_every_engine_on_user_and_zoo_models():
     import torch
 
-    from trainers.bench import bench_user
+    from gradengines.trainers.bench import bench_user
 
     rows = bench_user(steps=2, warmup=1, device=torch.device("cpu"), hidden=8, length=6, vocab=5, batch_size=4,
                       width=8, depth=3)
@@ -375,7 +382,7 @@ def test_the_user_bench_times_every_engine_on_user_and_zoo_models():
 def test_a_users_model_is_built_once_per_run(tmp_path, capsys):
     """nanoGPT prints its parameter count in its constructor: once per run, not once more for the memory
     estimate."""
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     (tmp_path / "talkative.py").write_text(
         "from torch import nn\n\n\nclass Net(nn.Sequential):\n    def __init__(self):\n"

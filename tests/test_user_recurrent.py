@@ -7,9 +7,8 @@ import torch
 from helpers import assert_same, engine_grads, relative
 from torch import nn
 
-import models
-import trainers
-from tasks.base import sequence_cross_entropy
+from gradengines import models, trainers
+from gradengines.tasks.base import sequence_cross_entropy
 
 V, E, H, T = 11, 6, 5, 7
 
@@ -131,7 +130,7 @@ def test_highway_over_time_with_k_below_T_is_not_bptt_and_at_k0_is_its_own_rule(
 
 
 def test_a_wrapped_model_trains_through_the_trainer_updating_the_users_parameters():
-    import tasks
+    from gradengines import tasks
 
     task = tasks.build("copy", n_symbols=4, length=3, delay=2, n_train=64, n_val=16, n_test=16)
     torch.manual_seed(0)
@@ -161,7 +160,7 @@ def test_the_command_line_wraps_a_users_recurrent_model_for_dsf(tmp_path, capsys
     import json
     import textwrap
 
-    from trainers.cli import compare_main, train_main
+    from gradengines.trainers.cli import compare_main, train_main
 
     path = tmp_path / "lm.py"
     path.write_text(textwrap.dedent('''
@@ -195,7 +194,7 @@ def test_the_command_line_wraps_a_users_recurrent_model_for_dsf(tmp_path, capsys
 def test_the_command_line_says_why_a_recurrent_model_was_refused(tmp_path, capsys):
     """Dropout between two GRU layers cannot be wrapped: --trainer dsf says so, not only that the model 'is
     not one'; a one-layer GRU with dropout (which torch ignores) is accepted."""
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     source = ("import torch\nfrom torch import nn\n\n\nclass LM(nn.Module):\n"
               "    def __init__(self, layers=2, out_features=10):\n        super().__init__()\n"
@@ -213,7 +212,7 @@ def test_the_command_line_says_why_a_recurrent_model_was_refused(tmp_path, capsy
 
 
 def test_a_model_file_imports_a_module_beside_it(tmp_path, capsys):
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
 
     (tmp_path / "helper_net_mod.py").write_text(
         "from torch import nn\n\n\nclass Net(nn.Sequential):\n    def __init__(self):\n"

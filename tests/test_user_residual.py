@@ -8,10 +8,9 @@ import torch
 from helpers import GPT, GPTConfig, engine_grads, relative
 from torch import nn
 
-import models
-import trainers
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
-from trainers.core.engine import trainable_parameters
+from gradengines import models, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines.trainers.core.engine import trainable_parameters
 
 V, C, T, N_LAYER = 13, 8, 6, 2
 
@@ -253,7 +252,7 @@ def test_attributes_named_stem_blocks_head_are_no_declaration_the_stack_is_found
         f"import torch\nfrom torch import nn\n\n{source}\n\nclass Mixed(NamedLikeAStack):\n"
         "    def __init__(self):\n        super().__init__([TanhBlock, SineBlock, TanhBlock, SineBlock])\n"
         "        self.stem, self.head = nn.Linear(64, 5), nn.Linear(5, 10)\n")
-    from trainers.cli import train_main
+    from gradengines.trainers.cli import train_main
     code = train_main(["--trainer", "highway", "--model", f"{tmp_path / 'named.py'}:Mixed", "--steps", "1",
                        "--logdir", str(tmp_path / "runs"), "--progress", "false"])
     err = capsys.readouterr().err

@@ -9,10 +9,9 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-import models
-import trainers
-from models.orthogonal.conv import OrthogonalConv2d
-from tasks.base import cross_entropy_loss
+from gradengines import models, trainers
+from gradengines.models.orthogonal.conv import OrthogonalConv2d
+from gradengines.tasks.base import cross_entropy_loss
 
 ENGINES = ["backprop", "fa", "dfa", "foton", "pepita"]
 

@@ -12,16 +12,14 @@ from helpers import Crash, CrashingBackprop, one_line_error
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-import models
-import tasks
-import trainers
-from tasks.base import Split
-from tasks.errors import TaskConfigError
-from tasks.tokens import RandomStarts
-from trainers.cli import train_main
-from trainers.engines.backprop import Backprop
-from trainers.run.checkpoint import load_checkpoint
-from trainers.run.logger import read_metrics
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import Split
+from gradengines.tasks.errors import TaskConfigError
+from gradengines.tasks.tokens import RandomStarts
+from gradengines.trainers.cli import train_main
+from gradengines.trainers.engines.backprop import Backprop
+from gradengines.trainers.run.checkpoint import load_checkpoint
+from gradengines.trainers.run.logger import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN_FILE = runpy.run_path(str(ROOT / "scripts" / "token_file.py"))  # its main(argv), in this process

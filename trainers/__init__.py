@@ -6,9 +6,9 @@
     trainers.Trainer(model, engine, task, logdir="runs").fit(epochs=10)
 """
 
-from trainers import engines  # noqa: F401  (registers the engines)
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import (
+from gradengines.trainers import engines  # noqa: F401  (registers the engines)
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import (
     USER_ERRORS,
     ConfigError,
     DataError,
@@ -17,11 +17,11 @@ from trainers.core.errors import (
     NonFiniteLossError,
     TaskConfigError,
 )
-from trainers.core.registry import available, build_engine, engine_class, register_engine
-from trainers.core.threads import set_threads
-from trainers.run.agreement import compare_grads, gradient_agreement
-from trainers.run.config import TrainConfig
-from trainers.run.trainer import Trainer
+from gradengines.trainers.core.registry import available, build_engine, engine_class, register_engine
+from gradengines.trainers.core.threads import set_threads
+from gradengines.trainers.run.agreement import compare_grads, gradient_agreement
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.trainer import Trainer
 
 __all__ = [
     "USER_ERRORS",

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.errors import ModelConfigError, one_line
+from gradengines.models.errors import ModelConfigError, one_line
 
 __all__ = ["ModelCall", "CallResult", "declare_call", "call_model", "own_copy", "forward_loss", "check_own_loss",
            "model_call", "describe", "passes_state", "read_output", "own_loss_difference", "CALL_KEYS"]

@@ -57,8 +57,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.adapters.calling import call_model
-from models.errors import ModelConfigError, one_line
+from gradengines.models.adapters.calling import call_model
+from gradengines.models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualFound", "FoundBlock", "discover", "replaced_forwards"]
 

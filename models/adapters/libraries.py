@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from models.errors import ModelConfigError, one_line
+from gradengines.models.errors import ModelConfigError, one_line
 
 __all__ = ["is_transformers_class", "transformers_factory", "LAYER_COUNTS"]
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.errors import ModelConfigError
-from models.layers.recurrent import GRU, LSTM, TanhRNN
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.layers.recurrent import GRU, LSTM, TanhRNN
 
 __all__ = ["wrap_recurrent"]
 

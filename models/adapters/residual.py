@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from models.adapters.calling import TARGET_NAMES, call_model, describe, model_call, own_copy, read_output
-from models.adapters.discovery import ResidualFound, discover
-from models.errors import ModelConfigError, one_line
+from gradengines.models.adapters.calling import TARGET_NAMES, call_model, describe, model_call, own_copy, read_output
+from gradengines.models.adapters.discovery import ResidualFound, discover
+from gradengines.models.errors import ModelConfigError, one_line
 
 __all__ = ["ResidualSublayer", "ResidualView", "residual_stack"]
 

@@ -22,9 +22,9 @@ naming the position.
 
 from torch import nn
 
-from models.errors import ModelConfigError
-from models.layers.dropout import ConsistentDropout
-from models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.layers.dropout import ConsistentDropout
+from gradengines.models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
 
 __all__ = ["SequentialStack", "layer_stack"]
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from torch import nn
 
-from models.adapters.libraries import is_transformers_class, transformers_factory
-from models.errors import ModelConfigError, one_line
-from tasks.reference import import_reference, is_reference
+from gradengines.models.adapters.libraries import is_transformers_class, transformers_factory
+from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.tasks.reference import import_reference, is_reference
 
 __all__ = ["is_reference", "load_reference", "build_reference", "accepts", "names"]
 

@@ -1,6 +1,6 @@
 """Layers and utilities the zoo, the adapters and the engines share: recurrent cells, consistent dropout, the
 reverse and forward scans, activations by name."""
 
-from models.layers import activations, dropout, recurrent, scan
+from gradengines.models.layers import activations, dropout, recurrent, scan
 
 __all__ = ["activations", "dropout", "recurrent", "scan"]

@@ -2,7 +2,7 @@
 
 import torch.nn as nn
 
-from models.errors import ModelConfigError
+from gradengines.models.errors import ModelConfigError
 
 __all__ = ["ACTIVATIONS", "build_activation"]
 

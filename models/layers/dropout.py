@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from models.errors import ModelConfigError
+from gradengines.models.errors import ModelConfigError
 
 __all__ = ["ConsistentDropout", "frozen_masks"]
 

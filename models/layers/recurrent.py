@@ -41,8 +41,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.errors import ModelConfigError, positive_int
-from models.layers.scan import forward_scan
+from gradengines.models.errors import ModelConfigError, positive_int
+from gradengines.models.layers.scan import forward_scan
 
 __all__ = ["TanhRNN", "GRU", "LSTM", "DiagonalLinearRNN", "CELLS", "build_cell", "previous_states"]
 

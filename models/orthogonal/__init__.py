@@ -35,8 +35,8 @@ By what it holds: ``projection.py`` (Björck, polar, ``project_``), ``marking.py
 ``cayley.py`` and ``retraction.py`` (the Cayley retraction), ``conv.py`` (orthogonal convolutions).
 """
 
-from models.orthogonal.gradients import has_parametrized_weight, route_weight_grad, trainable_weight
-from models.orthogonal.marking import (
+from gradengines.models.orthogonal.gradients import has_parametrized_weight, route_weight_grad, trainable_weight
+from gradengines.models.orthogonal.marking import (
     METHODS,
     PARAMETRIZED_METHODS,
     PROJECTED_METHODS,
@@ -46,7 +46,7 @@ from models.orthogonal.marking import (
     orthogonal_method,
     orthogonality_error,
 )
-from models.orthogonal.projection import (
+from gradengines.models.orthogonal.projection import (
     BJORCK_TOL,
     DEFAULT_BJORCK_ITERS,
     Projection,

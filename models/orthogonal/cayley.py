@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from models.orthogonal.projection import bjorck
+from gradengines.models.orthogonal.projection import bjorck
 
 __all__ = ["cayley_retract", "cayley_retract_lowrank", "dense_drift", "LowRankCayley", "prepare_lowrank_cayley",
            "finish_lowrank_cayley"]

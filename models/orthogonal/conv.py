@@ -51,8 +51,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.errors import ModelConfigError, positive_int
-from models.orthogonal import (
+from gradengines.models.errors import ModelConfigError, positive_int
+from gradengines.models.orthogonal import (
     DEFAULT_BJORCK_ITERS,
     PARAMETRIZED_METHODS,
     make_orthogonal,

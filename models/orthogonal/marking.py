@@ -11,8 +11,15 @@ from geotorch.so import SO, cayley_map
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from models.errors import ModelConfigError
-from models.orthogonal.projection import _MARK, DEFAULT_BJORCK_ITERS, MAX_BJORCK_ITERS, Projection, _is_wide, polar
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.orthogonal.projection import (
+    _MARK,
+    DEFAULT_BJORCK_ITERS,
+    MAX_BJORCK_ITERS,
+    Projection,
+    _is_wide,
+    polar,
+)
 
 __all__ = ["METHODS", "PARAMETRIZED_METHODS", "PROJECTED_METHODS", "RETRACTED_METHODS", "Retraction",
            "make_orthogonal", "orthogonal_method", "orthogonality_error"]

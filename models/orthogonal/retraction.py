@@ -42,15 +42,15 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from models.errors import ModelConfigError
-from models.orthogonal.cayley import (
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.orthogonal.cayley import (
     LowRankCayley,
     cayley_retract,
     dense_drift,
     finish_lowrank_cayley,
     prepare_lowrank_cayley,
 )
-from models.orthogonal.marking import RETRACTED_METHODS, orthogonal_method
+from gradengines.models.orthogonal.marking import RETRACTED_METHODS, orthogonal_method
 
 __all__ = ["CayleyRetraction", "record_layer_grads", "retracted_modules"]
 

@@ -1,14 +1,14 @@
 """The zoo's architectures, registered by name (``models.build(name, ...)``): MLPs, residual MLPs, CNNs with
 orthogonal convolutions, ResNets, a GPT and recurrent language models."""
 
-from models.registry import register_model
-from models.zoo.cnn import OrthoConvNet, OrthoLeNet
-from models.zoo.convnet import ConvNet
-from models.zoo.language_model import RecurrentBlockLM, RecurrentLM
-from models.zoo.mlp import MLP
-from models.zoo.residual_mlp import ResidualMLP
-from models.zoo.resnet import ResNet
-from models.zoo.transformer import GPT
+from gradengines.models.registry import register_model
+from gradengines.models.zoo.cnn import OrthoConvNet, OrthoLeNet
+from gradengines.models.zoo.convnet import ConvNet
+from gradengines.models.zoo.language_model import RecurrentBlockLM, RecurrentLM
+from gradengines.models.zoo.mlp import MLP
+from gradengines.models.zoo.residual_mlp import ResidualMLP
+from gradengines.models.zoo.resnet import ResNet
+from gradengines.models.zoo.transformer import GPT
 
 register_model("mlp")(MLP)
 register_model("residual_mlp")(ResidualMLP)

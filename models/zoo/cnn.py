@@ -31,11 +31,11 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from models.errors import ModelConfigError, positive_int
-from models.layers.activations import build_activation
-from models.layers.dropout import ConsistentDropout
-from models.orthogonal import DEFAULT_BJORCK_ITERS, METHODS
-from models.orthogonal.conv import FlattenLinear, OrthoConvBlock, space_to_depth_shape
+from gradengines.models.errors import ModelConfigError, positive_int
+from gradengines.models.layers.activations import build_activation
+from gradengines.models.layers.dropout import ConsistentDropout
+from gradengines.models.orthogonal import DEFAULT_BJORCK_ITERS, METHODS
+from gradengines.models.orthogonal.conv import FlattenLinear, OrthoConvBlock, space_to_depth_shape
 
 __all__ = ["OrthoLeNet", "OrthoConvNet", "infer_image_shape"]
 

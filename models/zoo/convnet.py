@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from models.adapters.sequential import SequentialStack
-from models.errors import ModelConfigError, positive_int
-from models.layers.activations import build_activation
-from models.layers.dropout import ConsistentDropout
-from models.zoo.cnn import infer_image_shape
+from gradengines.models.adapters.sequential import SequentialStack
+from gradengines.models.errors import ModelConfigError, positive_int
+from gradengines.models.layers.activations import build_activation
+from gradengines.models.layers.dropout import ConsistentDropout
+from gradengines.models.zoo.cnn import infer_image_shape
 
 __all__ = ["ConvNet"]
 

@@ -42,8 +42,8 @@ import math
 
 import torch.nn as nn
 
-from models.errors import ModelConfigError, positive_int
-from models.layers.recurrent import CELLS, build_cell
+from gradengines.models.errors import ModelConfigError, positive_int
+from gradengines.models.layers.recurrent import CELLS, build_cell
 
 __all__ = ["RecurrentLM", "RecurrentBlockLM"]
 

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from models.errors import ModelConfigError
-from models.layers.activations import build_activation
-from models.layers.dropout import ConsistentDropout
-from models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.layers.activations import build_activation
+from gradengines.models.layers.dropout import ConsistentDropout
+from gradengines.models.orthogonal import DEFAULT_BJORCK_ITERS, make_orthogonal
 
 __all__ = ["MLP", "hidden_widths"]
 

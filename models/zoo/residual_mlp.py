@@ -15,9 +15,9 @@ import math
 import torch
 import torch.nn as nn
 
-from models.errors import ModelConfigError
-from models.layers.activations import build_activation
-from models.layers.dropout import ConsistentDropout
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.layers.activations import build_activation
+from gradengines.models.layers.dropout import ConsistentDropout
 
 __all__ = ["ResidualBlock", "ResidualMLP"]
 

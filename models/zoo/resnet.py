@@ -27,8 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.errors import ModelConfigError, positive_int
-from models.zoo.cnn import infer_image_shape
+from gradengines.models.errors import ModelConfigError, positive_int
+from gradengines.models.zoo.cnn import infer_image_shape
 
 __all__ = ["ResNet", "downsample", "upsample"]
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.errors import ModelConfigError, positive_int
+from gradengines.models.errors import ModelConfigError, positive_int
 
 __all__ = ["GPT", "AttentionSublayer", "MLPSublayer"]
 

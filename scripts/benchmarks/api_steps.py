@@ -10,9 +10,7 @@ import time
 
 import torch
 
-import models
-import tasks
-import trainers
+from gradengines import models, tasks, trainers
 
 
 def main(logdir: str) -> None:

@@ -14,12 +14,8 @@ import time
 
 import torch
 
-import models
-import models.adapters.calling
-import tasks
-import trainers
-import trainers.core.engine
-from tasks.base import cross_entropy_loss, sequence_cross_entropy
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy
 
 COPIERS = (models.adapters.calling, trainers.core.engine)
 

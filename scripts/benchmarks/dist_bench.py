@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from trainers.bench import machine_description  # noqa: E402
-from trainers.cli import OneLineParser  # noqa: E402
+from gradengines.trainers.bench import machine_description  # noqa: E402
+from gradengines.trainers.cli import OneLineParser  # noqa: E402
 
 # model flags -> engines that train it; sizes big enough that compute, not launch, sets the pace
 SETUPS = {

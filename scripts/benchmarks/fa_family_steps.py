@@ -16,9 +16,7 @@ import time
 
 import torch
 
-import models
-import tasks
-import trainers
+from gradengines import models, tasks, trainers
 
 ENGINES = ("backprop", "fa", "fa:scale=weight", "usf", "brsf", "frsf", "dfa", "dfa:slices=disjoint")
 

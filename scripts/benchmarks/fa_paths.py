@@ -11,9 +11,7 @@ import time
 
 import torch
 
-import models
-import tasks
-import trainers
+from gradengines import models, tasks, trainers
 
 LAYERS = {"path": "layers"}
 ENGINES = {"backprop": {}, "fa": {}, "fa:path=layers": LAYERS, "dfa": {}, "dfa:path=layers": LAYERS}

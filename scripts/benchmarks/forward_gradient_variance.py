@@ -22,10 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import models
-import tasks
-import trainers
-from trainers.engines.activity_fgrad import ActivityForwardGradient
+from gradengines import models, tasks, trainers
+from gradengines.trainers.engines.activity_fgrad import ActivityForwardGradient
 
 
 def digits_batch(batch: int = 64):

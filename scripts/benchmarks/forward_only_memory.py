@@ -19,11 +19,9 @@ import time
 
 import torch
 
-import models
-import tasks
-import trainers
-from models.adapters.calling import call_model
-from trainers.bench.timing import peak_step_memory_mb
+from gradengines import models, tasks, trainers
+from gradengines.models.adapters.calling import call_model
+from gradengines.trainers.bench.timing import peak_step_memory_mb
 
 
 def gpt2_case():

@@ -18,10 +18,9 @@ import time
 import torch
 import transformers
 
-import tasks
-import trainers
-from trainers.loops.hf import EngineTrainer
-from trainers.loops.setup import model_for_engine
+from gradengines import tasks, trainers
+from gradengines.trainers.loops.hf import EngineTrainer
+from gradengines.trainers.loops.setup import model_for_engine
 
 
 def gpt2(vocab: int, width: int, layers: int, seq_len: int, seed: int = 0):

@@ -21,10 +21,8 @@ import time
 
 import torch
 
-import models
-import tasks
-import trainers
-from trainers.core.errors import ConfigError
+from gradengines import models, tasks, trainers
+from gradengines.trainers.core.errors import ConfigError
 
 GPT_ENGINES = ("backprop", "highway", "fa", "dfa")
 MLP_ENGINES = ("backprop", "fa", "dfa", "pepita", "foton")

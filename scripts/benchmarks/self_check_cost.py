@@ -13,10 +13,8 @@ import time
 
 import torch
 
-import models
-import tasks
-import trainers
-from tasks.base import sequence_cross_entropy
+from gradengines import models, tasks, trainers
+from gradengines.tasks.base import sequence_cross_entropy
 
 
 def _gpt2():

@@ -34,9 +34,7 @@ def _status_mb(field: str) -> float:
 def _trainer(task_name: str, data_dir: str, depth: int, batch_size: int):
     import torch
 
-    import models
-    import tasks
-    import trainers
+    from gradengines import models, tasks, trainers
 
     task = tasks.build(task_name, data_dir=data_dir)
     torch.manual_seed(0)

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-import tasks
-import trainers
-from trainers.bench.timing import engine_from_spec
-from trainers.bench.upkeep import UpkeepCandidate
+from gradengines import tasks, trainers
+from gradengines.trainers.bench.timing import engine_from_spec
+from gradengines.trainers.bench.upkeep import UpkeepCandidate
 
 CANDIDATES = ("Björck x3", "Björck adaptive")
 

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAULTS = ROOT / "trainers" / "engines" / "planted_faults.toml"
 FIELDS = {"id": str, "engine": str, "file": str, "old": str, "new": str, "description": str, "tests": list}
 PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=short"]
-IMPORT_CHECK = "import trainers, trainers.engines; print(trainers.__file__)"
+IMPORT_CHECK = "import gradengines.trainers.engines as e; print(e.__file__)"
 
 
 class FaultListError(Exception):

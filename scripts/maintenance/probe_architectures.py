@@ -62,9 +62,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import models  # noqa: E402
-import trainers  # noqa: E402
-from tasks.base import cross_entropy_loss, sequence_cross_entropy  # noqa: E402
+from gradengines import (
+    models,  # noqa: E402
+    trainers,  # noqa: E402
+)
+from gradengines.tasks.base import cross_entropy_loss, sequence_cross_entropy  # noqa: E402
 
 RTOL = 1e-6  # float64: an exact method agrees to ~1e-12
 NOISE = 1e-8  # a reference gradient below this fraction of the total is numerically zero
@@ -77,7 +79,7 @@ HEADERS = ("backprop", "highway k>=L", "highway k=0 (differs?)", "fa runs", "fa(
 def _refusal_classes() -> tuple[type, ...]:
     """Every exception class the framework defines: raising one of them is a one-line refusal."""
     found = []
-    for name in ("models.errors", "trainers.core.errors", "tasks.errors"):
+    for name in ("gradengines.models.errors", "gradengines.trainers.core.errors", "gradengines.tasks.errors"):
         module = importlib.import_module(name)
         found += [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, BaseException)
                   and v.__module__ == module.__name__]

@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-import models
-import trainers
-from trainers.bench.timing import classification_batch
+from gradengines import models, trainers
+from gradengines.trainers.bench.timing import classification_batch
 
 
 def main() -> None:

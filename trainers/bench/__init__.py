@@ -50,10 +50,10 @@ includes the ``grad_bytes_mb`` of the gradients it writes: activations are
 the rest, and dominate when the batch is large against the width).
 """
 
-from trainers.bench.engines import bare_forward_only, bench_engines, bench_grads, bench_upkeep
-from trainers.bench.overhead import bench_overhead
-from trainers.bench.sequences import bench_recurrent, bench_residual, bench_scan
-from trainers.bench.timing import (
+from gradengines.trainers.bench.engines import bare_forward_only, bench_engines, bench_grads, bench_upkeep
+from gradengines.trainers.bench.overhead import bench_overhead
+from gradengines.trainers.bench.sequences import bench_recurrent, bench_residual, bench_scan
+from gradengines.trainers.bench.timing import (
     engine_from_spec,
     machine_description,
     markdown_table,
@@ -61,8 +61,8 @@ from trainers.bench.timing import (
     time_round_robin,
     write_results,
 )
-from trainers.bench.upkeep import OPTIMIZERS, bench_upkeep_optimizers, orthogonality_over_steps
-from trainers.bench.user import bench_user
+from gradengines.trainers.bench.upkeep import OPTIMIZERS, bench_upkeep_optimizers, orthogonality_over_steps
+from gradengines.trainers.bench.user import bench_user
 
 __all__ = ["bench_overhead", "bench_engines", "bench_grads", "bench_upkeep", "bare_forward_only", "bench_recurrent",
            "bench_residual", "bench_scan", "bench_user", "OPTIMIZERS", "bench_upkeep_optimizers",

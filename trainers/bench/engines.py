@@ -8,9 +8,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-import models
-from models.orthogonal import DEFAULT_BJORCK_ITERS, orthogonality_error, project_
-from trainers.bench.timing import (
+from gradengines import models
+from gradengines.models.orthogonal import DEFAULT_BJORCK_ITERS, orthogonality_error, project_
+from gradengines.trainers.bench.timing import (
     SuiteProgress,
     backprop_first,
     classification_batch,

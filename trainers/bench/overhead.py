@@ -8,11 +8,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import models
-import tasks
-from trainers.bench.timing import batch_stream, progress_line, sync
-from trainers.engines.backprop import Backprop
-from trainers.run.trainer import Trainer
+from gradengines import models, tasks
+from gradengines.trainers.bench.timing import batch_stream, progress_line, sync
+from gradengines.trainers.engines.backprop import Backprop
+from gradengines.trainers.run.trainer import Trainer
 
 __all__ = ["bench_overhead"]
 

@@ -10,10 +10,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import models
-from models.layers.scan import METHODS as SCAN_METHODS
-from models.layers.scan import reverse_scan
-from trainers.bench.timing import SuiteProgress, backprop_first, classification_batch, sync, time_trainers
+from gradengines import models
+from gradengines.models.layers.scan import METHODS as SCAN_METHODS
+from gradengines.models.layers.scan import reverse_scan
+from gradengines.trainers.bench.timing import SuiteProgress, backprop_first, classification_batch, sync, time_trainers
 
 __all__ = ["bench_recurrent", "bench_residual", "bench_scan"]
 
@@ -27,7 +27,7 @@ def bench_recurrent(*, trainers, cell, depths, hidden, lengths, batch_size, voca
     ``bptt_loop`` in ``trainers`` adds the Python-loop BPTT baseline (only for lengths up to
     ``loop_max_length``: its cost grows with T kernel launches per layer).
     """
-    from tasks.base import sequence_cross_entropy
+    from gradengines.tasks.base import sequence_cross_entropy
 
     rows = []
     runnable = {T: [t for t in trainers if t != "bptt_loop" or T <= loop_max_length] for T in lengths}

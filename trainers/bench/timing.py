@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from models.orthogonal.retraction import CayleyRetraction
-from trainers.core.options import parse_key_values
-from trainers.core.protocols import recurrent_forwards
-from trainers.core.registry import build_engine
-from trainers.core.threads import last_choice
-from trainers.engines.backprop import Backprop
+from gradengines.models.orthogonal.retraction import CayleyRetraction
+from gradengines.trainers.core.options import parse_key_values
+from gradengines.trainers.core.protocols import recurrent_forwards
+from gradengines.trainers.core.registry import build_engine
+from gradengines.trainers.core.threads import last_choice
+from gradengines.trainers.engines.backprop import Backprop
 
 __all__ = ["LoopBPTT", "classification_batch", "machine_description", "progress_line", "SuiteProgress",
            "backprop_first", "sync", "peak_step_memory_mb", "batch_stream", "training_step", "time_round_robin",

@@ -26,10 +26,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-import models
-import tasks
-from models.orthogonal import bjorck, orthogonality_error, project_, projected_weights
-from trainers.bench.timing import SuiteProgress, classification_batch, engine_from_spec, time_round_robin
+from gradengines import models, tasks
+from gradengines.models.orthogonal import bjorck, orthogonality_error, project_, projected_weights
+from gradengines.trainers.bench.timing import SuiteProgress, classification_batch, engine_from_spec, time_round_robin
 
 __all__ = ["OPTIMIZERS", "CANDIDATES", "UpkeepCandidate", "bench_upkeep_optimizers", "orthogonality_over_steps"]
 

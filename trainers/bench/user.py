@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import models
-from models.orthogonal import project_
-from trainers.bench.timing import (
+from gradengines import models
+from gradengines.models.orthogonal import project_
+from gradengines.trainers.bench.timing import (
     SuiteProgress,
     engine_from_spec,
     time_round_robin,
@@ -37,7 +37,7 @@ def bench_user(*, steps, warmup, device, hidden=256, length=256, vocab=64, batch
     """Every engine on a user-style model (``models.wrap_recurrent`` on an nn.GRU LM; ``models.layer_stack``
     on an orthogonal nn.Sequential tanh MLP) and on the zoo model with the same sizes (``rnn_lm``, ``mlp``),
     all steps of one configuration timed round-robin; ratios to backprop on the same model, and user / zoo."""
-    from tasks.base import sequence_cross_entropy
+    from gradengines.tasks.base import sequence_cross_entropy
 
     rows = []
     gen = torch.Generator().manual_seed(0)

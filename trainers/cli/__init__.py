@@ -10,12 +10,12 @@ a NaN/Inf loss, or a rank of a ``torchrun`` job that died or hung, exits with co
 
 import sys
 
-from trainers.cli.args import OneLineParser, Setup, base_parser, build_from_args
-from trainers.cli.bench import bench_main
-from trainers.cli.compare import DEFAULT_COMPARISON, compare_main
-from trainers.cli.process import run_cli
-from trainers.cli.table import table_main
-from trainers.cli.train import train_main
+from gradengines.trainers.cli.args import OneLineParser, Setup, base_parser, build_from_args
+from gradengines.trainers.cli.bench import bench_main
+from gradengines.trainers.cli.compare import DEFAULT_COMPARISON, compare_main
+from gradengines.trainers.cli.process import run_cli
+from gradengines.trainers.cli.table import table_main
+from gradengines.trainers.cli.train import train_main
 
 __all__ = ["train_main", "compare_main", "bench_main", "table_main", "main", "console", "base_parser",
            "build_from_args", "run_cli", "DEFAULT_COMPARISON", "Setup", "OneLineParser", "COMMANDS"]
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
 
 def console() -> None:
     """The ``gradengines`` console script: ``main``, then ``exit_process`` (``torchrun`` safe)."""
-    from trainers.core.distributed import exit_process
+    from gradengines.trainers.core.distributed import exit_process
 
     exit_process(main())
 

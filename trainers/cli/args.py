@@ -11,24 +11,23 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-import models
-import tasks
-from trainers.core.distributed import BACKENDS, DataParallel, init_distributed, local_device
-from trainers.core.errors import (
+from gradengines import models, tasks
+from gradengines.trainers.core.distributed import BACKENDS, DataParallel, init_distributed, local_device
+from gradengines.trainers.core.errors import (
     ConfigError,
     DataError,
     IncompatibleModelError,
 )
-from trainers.core.options import add_arguments, options_from_args, parse_key_values, parse_options
-from trainers.core.registry import available, build_engine, engine_class
-from trainers.core.rng import seed_everything
-from trainers.core.threads import THREADS_ENV
-from trainers.experiments.compare import compatible
-from trainers.experiments.recipes import recipe_for
-from trainers.run.config import TrainConfig
-from trainers.run.memory import check_fits, check_fits_scaled
-from trainers.run.notes import note_once
-from trainers.run.rundir import check_folder_name, note
+from gradengines.trainers.core.options import add_arguments, options_from_args, parse_key_values, parse_options
+from gradengines.trainers.core.registry import available, build_engine, engine_class
+from gradengines.trainers.core.rng import seed_everything
+from gradengines.trainers.core.threads import THREADS_ENV
+from gradengines.trainers.experiments.compare import compatible
+from gradengines.trainers.experiments.recipes import recipe_for
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.memory import check_fits, check_fits_scaled
+from gradengines.trainers.run.notes import note_once
+from gradengines.trainers.run.rundir import check_folder_name, note
 
 __all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_threads_flag", "add_settings_flag",
            "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs", "mlp_trainers", "join_job",

@@ -7,21 +7,21 @@ from pathlib import Path
 
 import torch
 
-from models.orthogonal import DEFAULT_BJORCK_ITERS
-from trainers.cli.args import OneLineParser, add_threads_flag, int_list, mlp_trainers, trainer_specs
-from trainers.cli.process import run_cli
-from trainers.core.distributed import check_device
-from trainers.core.errors import (
+from gradengines.models.orthogonal import DEFAULT_BJORCK_ITERS
+from gradengines.trainers.cli.args import OneLineParser, add_threads_flag, int_list, mlp_trainers, trainer_specs
+from gradengines.trainers.cli.process import run_cli
+from gradengines.trainers.core.distributed import check_device
+from gradengines.trainers.core.errors import (
     ConfigError,
 )
-from trainers.core.threads import set_threads
+from gradengines.trainers.core.threads import set_threads
 
 __all__ = ["bench_main"]
 
 
 def bench_main(argv=None, prog: str | None = None) -> int:
     """``scripts/bench.py``: step time and peak memory, as ratios to backprop, JSON + Markdown."""
-    from trainers import bench
+    from gradengines.trainers import bench
 
     parser = OneLineParser(prog=prog, description="Benchmark step time (median) and peak memory per trainer.")
     parser.add_argument("--suite",

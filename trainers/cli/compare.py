@@ -5,7 +5,7 @@ import math
 import re
 import sys
 
-from trainers.cli.args import (
+from gradengines.trainers.cli.args import (
     add_settings_flag,
     base_parser,
     build_from_args,
@@ -15,20 +15,20 @@ from trainers.cli.args import (
     trainer_runs,
     trainers_for,
 )
-from trainers.cli.names import default_experiment
-from trainers.cli.process import run_cli
-from trainers.core.errors import (
+from gradengines.trainers.cli.names import default_experiment
+from gradengines.trainers.cli.process import run_cli
+from gradengines.trainers.core.errors import (
     ConfigError,
     NonFiniteLossError,
     stage,
 )
-from trainers.core.options import options_from_args
-from trainers.core.threads import set_threads
-from trainers.experiments.budget import BUDGETS, reference_trainer
-from trainers.experiments.compare import check_resumable, check_target, refuse_taken, run_comparison
-from trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer, tuning_caveats
-from trainers.run.config import TrainConfig
-from trainers.run.rundir import note
+from gradengines.trainers.core.options import options_from_args
+from gradengines.trainers.core.threads import set_threads
+from gradengines.trainers.experiments.budget import BUDGETS, reference_trainer
+from gradengines.trainers.experiments.compare import check_resumable, check_target, refuse_taken, run_comparison
+from gradengines.trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer, tuning_caveats
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.rundir import note
 
 __all__ = ["compare_main", "compare_parser", "model_given", "DEFAULT_COMPARISON"]
 

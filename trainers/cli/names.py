@@ -23,9 +23,9 @@ than ``MAX_NAME`` (file systems allow 255) keeps its first characters and ends w
 import hashlib
 import re
 
-from trainers.cli.args import MODEL_FLAGS
-from trainers.core.options import parse_key_values
-from trainers.core.registry import engine_class
+from gradengines.trainers.cli.args import MODEL_FLAGS
+from gradengines.trainers.core.options import parse_key_values
+from gradengines.trainers.core.registry import engine_class
 
 __all__ = ["default_experiment", "default_run_name", "MAX_NAME"]
 

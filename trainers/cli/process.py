@@ -4,8 +4,8 @@ one line and 1, Ctrl-C 130, SIGTERM 143 (the run stops as on Ctrl-C, its checkpo
 import signal
 import sys
 
-from trainers.core.distributed import DataParallel
-from trainers.core.errors import (
+from gradengines.trainers.core.distributed import DataParallel
+from gradengines.trainers.core.errors import (
     USER_ERRORS,
     DistributedError,
     ModelRunError,
@@ -17,7 +17,7 @@ from trainers.core.errors import (
     command_line,
     out_of_memory,
 )
-from trainers.run.records import forget_notes
+from gradengines.trainers.run.records import forget_notes
 
 __all__ = ["run_cli", "INTERRUPTED", "TERMINATED"]
 

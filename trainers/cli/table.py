@@ -3,10 +3,10 @@
 
 from pathlib import Path
 
-from trainers.cli.args import OneLineParser
-from trainers.cli.process import run_cli
-from trainers.core.errors import DataError
-from trainers.run.records import read_records
+from gradengines.trainers.cli.args import OneLineParser
+from gradengines.trainers.cli.process import run_cli
+from gradengines.trainers.core.errors import DataError
+from gradengines.trainers.run.records import read_records
 
 __all__ = ["table_main"]
 
@@ -16,8 +16,8 @@ VALUES = {"test": "test", "best_val": "best validation", "final_val": "final val
 
 def table_main(argv=None, prog: str | None = None) -> int:
     """``scripts/table.py``: the result.json files below a folder as one Markdown table (and a figure)."""
-    from trainers.experiments.results import collect_results, pivot_cells
-    from trainers.experiments.summary import pivot_table
+    from gradengines.trainers.experiments.results import collect_results, pivot_cells
+    from gradengines.trainers.experiments.summary import pivot_table
 
     parser = OneLineParser(prog=prog, description="Gather the result.json files of many runs into one Markdown "
                                                   "table: rows are experiment folders, columns run names, cells "
@@ -38,7 +38,7 @@ def table_main(argv=None, prog: str | None = None) -> int:
         print(f"{VALUES[args.value]} {metrics}: mean ± std over seeds (seeds)\n")
         print(pivot_table(rows, value=args.value, columns=columns), end="")
         if args.plot:
-            from trainers.experiments.plots import plot_runs
+            from gradengines.trainers.experiments.plots import plot_runs
 
             cells, experiments, runs = pivot_cells(rows, value=args.value, columns=columns)
             plot_runs(cells, experiments, runs, f"{args.value} {rows[0]['metric']}", args.plot)

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from trainers.cli.args import (
+from gradengines.trainers.cli.args import (
     add_settings_flag,
     base_parser,
     build_from_args,
@@ -11,16 +11,16 @@ from trainers.cli.args import (
     join_job,
     other_trainer_flags,
 )
-from trainers.cli.names import default_experiment, default_run_name
-from trainers.cli.process import run_cli
-from trainers.core.errors import stage
-from trainers.core.options import options_from_args
-from trainers.core.registry import available
-from trainers.core.threads import set_threads
-from trainers.run.config import TrainConfig
-from trainers.run.hparams import write_experiment_config
-from trainers.run.rundir import note
-from trainers.run.trainer import Trainer
+from gradengines.trainers.cli.names import default_experiment, default_run_name
+from gradengines.trainers.cli.process import run_cli
+from gradengines.trainers.core.errors import stage
+from gradengines.trainers.core.options import options_from_args
+from gradengines.trainers.core.registry import available
+from gradengines.trainers.core.threads import set_threads
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.hparams import write_experiment_config
+from gradengines.trainers.run.rundir import note
+from gradengines.trainers.run.trainer import Trainer
 
 __all__ = ["train_main", "train_parser"]
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.errors import one_line
-from trainers.core.engine import GradientEngine, LossFn, trainable_parameters
-from trainers.core.errors import ConfigError
-from trainers.core.options import as_dict
-from trainers.core.self_check import differences
+from gradengines.models.errors import one_line
+from gradengines.trainers.core.engine import GradientEngine, LossFn, trainable_parameters
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import as_dict
+from gradengines.trainers.core.self_check import differences
 
 __all__ = ["compile_checked"]
 

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.orthogonal import project_weights_, projected_weights
-from trainers.core.errors import ConfigError, DistributedError, spell
+from gradengines.models.orthogonal import project_weights_, projected_weights
+from gradengines.trainers.core.errors import ConfigError, DistributedError, spell
 
 __all__ = ["check_device", "DataParallel", "exit_process", "init_distributed", "launched_distributed", "local_device",
            "mean_over_ranks"]

@@ -44,10 +44,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from models.adapters.calling import own_copy
-from trainers.core.options import as_dict, parse_options
-from trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
-from trainers.core.threads import threads_for_api
+from gradengines.models.adapters.calling import own_copy
+from gradengines.trainers.core.options import as_dict, parse_options
+from gradengines.trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
+from gradengines.trainers.core.threads import threads_for_api
 
 __all__ = ["GradientEngine", "StepOutput", "LossFn", "trainable_parameters", "write_grads"]
 

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
-from models.errors import ModelConfigError
-from tasks.errors import DataError, TaskConfigError
+from gradengines.models.errors import ModelConfigError
+from gradengines.tasks.errors import DataError, TaskConfigError
 
 __all__ = [
     "CheckpointError",

@@ -13,7 +13,7 @@ import math
 import types
 import typing
 
-from trainers.core.errors import ConfigError, on_command_line
+from gradengines.trainers.core.errors import ConfigError, on_command_line
 
 __all__ = ["option", "parse_options", "add_arguments", "options_from_args", "as_dict", "parse_key_values"]
 

@@ -22,7 +22,7 @@ import dataclasses
 
 import torch
 
-from trainers.core.errors import ConfigError
+from gradengines.trainers.core.errors import ConfigError
 
 __all__ = ["PRECISIONS", "Precision", "precision_of", "autocast_dtype"]
 

@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn as nn
 
-from trainers.core.errors import IncompatibleModelError
+from gradengines.trainers.core.errors import IncompatibleModelError
 
 __all__ = ["refusal", "LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards",
            "is_residual_stack"]

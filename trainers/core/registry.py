@@ -3,8 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
-from trainers.core.engine import GradientEngine
-from trainers.core.errors import ConfigError
+from gradengines.trainers.core.engine import GradientEngine
+from gradengines.trainers.core.errors import ConfigError
 
 __all__ = ["register_engine", "build_engine", "engine_class", "available"]
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.core.errors import IncompatibleModelError
+from gradengines.trainers.core.errors import IncompatibleModelError
 
 __all__ = ["unwrap", "average_over_replicas", "sync_buffers"]
 

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from models.adapters.calling import call_model
-from models.errors import ModelConfigError, one_line
-from trainers.core.precision import autocast_dtype
+from gradengines.models.adapters.calling import call_model
+from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.trainers.core.precision import autocast_dtype
 
 __all__ = ["kept", "quiet", "autograd_reference", "fresh_eval", "failures_refused", "tolerance", "loosest",
            "differences", "refuse_differences"]

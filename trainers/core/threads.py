@@ -29,10 +29,10 @@ The test suite runs with one thread per process (``tests/conftest.py``).
 The Python API chooses as the command line does (``threads_for_api``): the first
 ``Trainer``, engine step (``compute_grads``) or ``gradient_agreement`` of a process
 applies the same choice, unless the process already chose with
-``trainers.set_threads(N)``, and says once on stderr what it chose when ``auto``
+``gradengines.set_threads(N)``, and says once on stderr what it chose when ``auto``
 decided. ``GRADENGINES_THREADS`` and ``OMP_NUM_THREADS`` count as the user's choice;
 a call of ``torch.set_num_threads`` does not (torch cannot tell it from its own
-default): call ``trainers.set_threads(N)`` instead.
+default): call ``gradengines.set_threads(N)`` instead.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from trainers.core.errors import ConfigError
+from gradengines.trainers.core.errors import ConfigError
 
 __all__ = ["THREADS_ENV", "ThreadChoice", "parse_threads", "thread_limit", "usable_cores", "busy_cores_elsewhere",
            "choose_threads", "auto_choice", "set_threads", "last_choice", "threads_for_api"]
@@ -209,7 +209,7 @@ def threads_for_api() -> None:
     choice = set_threads(None)
     if choice.reason.startswith("auto"):
         sys.stderr.write(f"note: {choice.count} CPU thread{'s' if choice.count > 1 else ''} ({choice.reason}); "
-                         f"choose with trainers.set_threads(N) or {THREADS_ENV}=N\n")
+                         f"choose with gradengines.set_threads(N) or {THREADS_ENV}=N\n")
 
 
 def last_choice() -> ThreadChoice:

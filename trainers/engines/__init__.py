@@ -1,6 +1,6 @@
 """One file per gradient engine; importing this package registers them all."""
 
-from trainers.engines import (  # noqa: F401
+from gradengines.trainers.engines import (  # noqa: F401
     activity_fgrad,
     backprop,
     dsf,

@@ -42,15 +42,15 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
-from models.adapters.calling import forward_loss
-from models.errors import ModelConfigError, one_line
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import ConfigError
-from trainers.core.options import option
-from trainers.core.registry import register_engine
-from trainers.engines.directions import activity_direction, direction_of
-from trainers.engines.feedback_layers import covered_layers
-from trainers.engines.fgrad import loss_at
+from gradengines.models.adapters.calling import forward_loss
+from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.engines.directions import activity_direction, direction_of
+from gradengines.trainers.engines.feedback_layers import covered_layers
+from gradengines.trainers.engines.fgrad import loss_at
 
 __all__ = ["ActivityForwardGradient"]
 

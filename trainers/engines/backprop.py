@@ -11,9 +11,9 @@ zeros for parameters the loss does not reach.
 
 import torch
 
-from models.adapters.calling import forward_loss
-from trainers.core.engine import GradientEngine, StepOutput, write_grads
-from trainers.core.registry import register_engine
+from gradengines.models.adapters.calling import forward_loss
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, write_grads
+from gradengines.trainers.core.registry import register_engine
 
 __all__ = ["Backprop"]
 

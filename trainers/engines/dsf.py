@@ -47,15 +47,15 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from models.adapters.calling import forward_loss
-from models.layers.recurrent import previous_states
-from models.layers.scan import METHODS, reverse_scan
-from trainers.core.distributed import mean_over_ranks
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import ConfigError, IncompatibleModelError
-from trainers.core.options import option
-from trainers.core.protocols import RecurrentLayer, recurrent_forwards, refusal
-from trainers.core.registry import register_engine
+from gradengines.models.adapters.calling import forward_loss
+from gradengines.models.layers.recurrent import previous_states
+from gradengines.models.layers.scan import METHODS, reverse_scan
+from gradengines.trainers.core.distributed import mean_over_ranks
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.protocols import RecurrentLayer, recurrent_forwards, refusal
+from gradengines.trainers.core.registry import register_engine
 
 __all__ = ["TimeParallel", "FTBPTT", "DSF"]
 

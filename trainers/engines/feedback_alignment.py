@@ -66,16 +66,16 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from models.orthogonal.conv import OrthogonalConv2d
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import ConfigError, IncompatibleModelError
-from trainers.core.options import option
-from trainers.core.protocols import LayerStack, require
-from trainers.core.registry import register_engine
-from trainers.engines.feedback_layers import LocalFeedback, check_layer_path, covered_layers
-from trainers.engines.feedback_rules import RULES, Scale, generator, scale_of, uniform
-from trainers.engines.forward_only import linear_part, output_error, write_layer_grads
-from trainers.engines.weights import weights_once
+from gradengines.models.orthogonal.conv import OrthogonalConv2d
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.protocols import LayerStack, require
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.engines.feedback_layers import LocalFeedback, check_layer_path, covered_layers
+from gradengines.trainers.engines.feedback_rules import RULES, Scale, generator, scale_of, uniform
+from gradengines.trainers.engines.forward_only import linear_part, output_error, write_layer_grads
+from gradengines.trainers.engines.weights import weights_once
 
 __all__ = ["FeedbackAlignment", "UniformSignFeedback", "BatchRandomSignFeedback", "FixedRandomSignFeedback",
            "DirectFeedbackAlignment"]

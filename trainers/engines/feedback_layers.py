@@ -54,11 +54,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from models.adapters.calling import call_model
-from models.adapters.discovery import replaced_forwards
-from models.errors import ModelConfigError
-from trainers.core.engine import trainable_parameters
-from trainers.core.self_check import (
+from gradengines.models.adapters.calling import call_model
+from gradengines.models.adapters.discovery import replaced_forwards
+from gradengines.models.errors import ModelConfigError
+from gradengines.trainers.core.engine import trainable_parameters
+from gradengines.trainers.core.self_check import (
     autograd_reference,
     differences,
     failures_refused,
@@ -67,7 +67,7 @@ from trainers.core.self_check import (
     quiet,
     refuse_differences,
 )
-from trainers.engines.feedback_rules import RULES, Scale, generator, scale_of, uniform
+from gradengines.trainers.engines.feedback_rules import RULES, Scale, generator, scale_of, uniform
 
 __all__ = ["covered_layers", "LocalFeedback", "check_layer_path"]
 

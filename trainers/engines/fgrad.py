@@ -21,13 +21,13 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from models.adapters.calling import forward_loss
-from models.errors import ModelConfigError, one_line
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import ConfigError
-from trainers.core.options import option
-from trainers.core.registry import register_engine
-from trainers.engines.directions import direction
+from gradengines.models.adapters.calling import forward_loss
+from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.engines.directions import direction
 
 __all__ = ["ForwardGradient", "loss_at"]
 

@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from torch.nn.modules import module as module_hooks
 from torch.nn.utils import parametrize
 
-from models.orthogonal import has_parametrized_weight, route_weight_grad
-from models.orthogonal.retraction import record_layer_grads
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import GradientEngine, StepOutput, write_grads
-from trainers.core.protocols import LayerStack, require
-from trainers.core.rng import set_torch_rng_state, torch_rng_state
-from trainers.engines.weights import weights_once
+from gradengines.models.orthogonal import has_parametrized_weight, route_weight_grad
+from gradengines.models.orthogonal.retraction import record_layer_grads
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, write_grads
+from gradengines.trainers.core.protocols import LayerStack, require
+from gradengines.trainers.core.rng import set_torch_rng_state, torch_rng_state
+from gradengines.trainers.engines.weights import weights_once
 
 __all__ = ["active_dropouts", "stack_calls", "stack_forward", "apply_mask", "output_error", "layer_adjoint",
            "write_layer_grads", "linear_part", "MaskReplay", "ModulatedForward"]

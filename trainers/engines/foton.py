@@ -38,12 +38,12 @@ import torch
 import torch.nn as nn
 from torch.nn.functional import linear
 
-from models.orthogonal import has_parametrized_weight, orthogonal_method
-from trainers.core.engine import StepOutput
-from trainers.core.errors import ConfigError, IncompatibleModelError
-from trainers.core.options import option
-from trainers.core.registry import register_engine
-from trainers.engines.forward_only import (
+from gradengines.models.orthogonal import has_parametrized_weight, orthogonal_method
+from gradengines.trainers.core.engine import StepOutput
+from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.engines.forward_only import (
     MaskReplay,
     ModulatedForward,
     apply_mask,
@@ -53,7 +53,7 @@ from trainers.engines.forward_only import (
     stack_forward,
     write_layer_grads,
 )
-from trainers.engines.weights import weights_once
+from gradengines.trainers.engines.weights import weights_once
 
 __all__ = ["Foton"]
 

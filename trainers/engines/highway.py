@@ -53,19 +53,19 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from models.adapters.calling import forward_loss
-from models.adapters.discovery import ResidualFound
-from models.adapters.residual import ResidualView
-from models.layers.dropout import ConsistentDropout
-from models.layers.recurrent import previous_states
-from models.layers.scan import METHODS, reverse_scan
-from trainers.core.distributed import DataParallel
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import ConfigError, IncompatibleModelError
-from trainers.core.options import option
-from trainers.core.protocols import RecurrentLayer, is_residual_stack, recurrent_forwards, refusal
-from trainers.core.registry import register_engine
-from trainers.core.self_check import (
+from gradengines.models.adapters.calling import forward_loss
+from gradengines.models.adapters.discovery import ResidualFound
+from gradengines.models.adapters.residual import ResidualView
+from gradengines.models.layers.dropout import ConsistentDropout
+from gradengines.models.layers.recurrent import previous_states
+from gradengines.models.layers.scan import METHODS, reverse_scan
+from gradengines.trainers.core.distributed import DataParallel
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.protocols import RecurrentLayer, is_residual_stack, recurrent_forwards, refusal
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.core.self_check import (
     autograd_reference,
     failures_refused,
     fresh_eval,

@@ -29,13 +29,13 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from models.adapters.calling import forward_loss
-from trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from trainers.core.errors import ConfigError
-from trainers.core.options import option
-from trainers.core.registry import register_engine
-from trainers.engines.directions import direction_of
-from trainers.engines.fgrad import loss_at
+from gradengines.models.adapters.calling import forward_loss
+from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.engines.directions import direction_of
+from gradengines.trainers.engines.fgrad import loss_at
 
 __all__ = ["MeZO", "perturbed"]
 

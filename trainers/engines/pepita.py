@@ -21,10 +21,10 @@ from typing import Literal
 
 import torch
 
-from trainers.core.errors import ConfigError
-from trainers.core.options import option
-from trainers.core.registry import register_engine
-from trainers.engines.forward_only import ModulatedForward
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.registry import register_engine
+from gradengines.trainers.engines.forward_only import ModulatedForward
 
 __all__ = ["Pepita"]
 

@@ -15,8 +15,8 @@ import contextlib
 import torch
 from torch.nn.utils import parametrize
 
-from models.orthogonal import has_parametrized_weight
-from models.orthogonal.conv import OrthogonalConv2d, cached_symbols
+from gradengines.models.orthogonal import has_parametrized_weight
+from gradengines.models.orthogonal.conv import OrthogonalConv2d, cached_symbols
 
 __all__ = ["weights_once"]
 

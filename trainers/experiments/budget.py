@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from trainers.core.errors import ConfigError
+from gradengines.trainers.core.errors import ConfigError
 
 __all__ = ["BUDGETS", "reference_trainer", "budget_steps"]
 

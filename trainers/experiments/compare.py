@@ -10,24 +10,24 @@ import sys
 import time
 from pathlib import Path
 
-from trainers.core.distributed import DataParallel
-from trainers.core.errors import (
+from gradengines.trainers.core.distributed import DataParallel
+from gradengines.trainers.core.errors import (
     ConfigError,
     IncompatibleModelError,
     NonFiniteLossError,
     spell,
     stage,
 )
-from trainers.core.registry import engine_class
-from trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
-from trainers.experiments.plots import plot_comparison
-from trainers.experiments.results import experiment_runs
-from trainers.experiments.step_timing import ROUNDS, other_threads, time_steps
-from trainers.experiments.summary import model_text, write_summary
-from trainers.run.checkpoint import write_text_atomic
-from trainers.run.hparams import write_experiment_config
-from trainers.run.rundir import RESULT, RunDirectory, holds_any_run, nothing_to_resume, run_path
-from trainers.run.trainer import Trainer, steps_per_epoch
+from gradengines.trainers.core.registry import engine_class
+from gradengines.trainers.experiments.budget import BUDGETS, budget_steps, reference_trainer
+from gradengines.trainers.experiments.plots import plot_comparison
+from gradengines.trainers.experiments.results import experiment_runs
+from gradengines.trainers.experiments.step_timing import ROUNDS, other_threads, time_steps
+from gradengines.trainers.experiments.summary import model_text, write_summary
+from gradengines.trainers.run.checkpoint import write_text_atomic
+from gradengines.trainers.run.hparams import write_experiment_config
+from gradengines.trainers.run.rundir import RESULT, RunDirectory, holds_any_run, nothing_to_resume, run_path
+from gradengines.trainers.run.trainer import Trainer, steps_per_epoch
 
 __all__ = ["run_comparison", "refuse_taken", "compatible", "check_resumable", "check_target"]
 

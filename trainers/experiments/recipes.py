@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainers.run.config import SHARED_SETTINGS
+from gradengines.trainers.run.config import SHARED_SETTINGS
 
 __all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHARED_SETTINGS", "FEEDBACK_FAMILY"]
 

@@ -4,10 +4,10 @@ record is noted and left out."""
 
 from pathlib import Path
 
-from trainers.core.errors import DataError
-from trainers.run.logger import read_metrics
-from trainers.run.records import failure_problem, read_records
-from trainers.run.rundir import FAILED, note
+from gradengines.trainers.core.errors import DataError
+from gradengines.trainers.run.logger import read_metrics
+from gradengines.trainers.run.records import failure_problem, read_records
+from gradengines.trainers.run.rundir import FAILED, note
 
 __all__ = ["experiment_runs", "experiment_failures", "collect_results", "pivot_cells"]
 

@@ -23,12 +23,12 @@ import time
 
 import torch
 
-from trainers.bench import machine_description, peak_step_memory_mb, time_round_robin
-from trainers.core.errors import NonFiniteLossError
-from trainers.core.threads import auto_choice, last_choice
-from trainers.experiments.stats import median_interval
-from trainers.run.progress import Progress
-from trainers.run.trainer import Trainer
+from gradengines.trainers.bench import machine_description, peak_step_memory_mb, time_round_robin
+from gradengines.trainers.core.errors import NonFiniteLossError
+from gradengines.trainers.core.threads import auto_choice, last_choice
+from gradengines.trainers.experiments.stats import median_interval
+from gradengines.trainers.run.progress import Progress
+from gradengines.trainers.run.trainer import Trainer
 
 __all__ = ["time_steps", "other_threads", "ROUNDS", "WARMUP"]
 

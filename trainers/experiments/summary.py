@@ -25,11 +25,11 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from trainers.experiments.recipes import SHARED_SETTINGS
-from trainers.experiments.results import experiment_failures, pivot_cells
-from trainers.experiments.stats import Paired, holm, paired_test, summarize
-from trainers.experiments.tuning import trial_name, tuning_caveats
-from trainers.experiments.verdict import (
+from gradengines.trainers.experiments.recipes import SHARED_SETTINGS
+from gradengines.trainers.experiments.results import experiment_failures, pivot_cells
+from gradengines.trainers.experiments.stats import Paired, holm, paired_test, summarize
+from gradengines.trainers.experiments.tuning import trial_name, tuning_caveats
+from gradengines.trainers.experiments.verdict import (
     ALPHA,
     TARGET_FRACTION,
     Units,
@@ -40,8 +40,8 @@ from trainers.experiments.verdict import (
     verdict_line,
     verdict_word,
 )
-from trainers.run.checkpoint import write_text_atomic
-from trainers.run.trainer import eval_subset
+from gradengines.trainers.run.checkpoint import write_text_atomic
+from gradengines.trainers.run.trainer import eval_subset
 
 __all__ = ["write_summary", "summary_table", "alignment_table", "verdict_lines", "time_to_target_table", "timing_table",
            "settings_table", "failure_notes", "model_text", "mean_std", "disagreement_lines", "pivot_table"]

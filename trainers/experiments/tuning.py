@@ -22,14 +22,14 @@ import itertools
 import json
 from pathlib import Path
 
-from trainers.core.distributed import DataParallel
-from trainers.core.errors import ConfigError, NonFiniteLossError
-from trainers.core.options import parse_options
-from trainers.core.registry import build_engine, engine_class
-from trainers.run.checkpoint import write_text_atomic
-from trainers.run.config import TrainConfig
-from trainers.run.notes import note
-from trainers.run.trainer import Trainer
+from gradengines.trainers.core.distributed import DataParallel
+from gradengines.trainers.core.errors import ConfigError, NonFiniteLossError
+from gradengines.trainers.core.options import parse_options
+from gradengines.trainers.core.registry import build_engine, engine_class
+from gradengines.trainers.run.checkpoint import write_text_atomic
+from gradengines.trainers.run.config import TrainConfig
+from gradengines.trainers.run.notes import note
+from gradengines.trainers.run.trainer import Trainer
 
 __all__ = ["LR_FACTORS", "parse_grid", "trainer_grid", "trial_name", "select", "tune_trainer", "grid_edges",
            "tuning_caveats"]

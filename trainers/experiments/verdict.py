@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import NamedTuple
 
-from trainers.experiments.stats import CONFIDENCE, Paired
+from gradengines.trainers.experiments.stats import CONFIDENCE, Paired
 
 __all__ = ["TARGET_FRACTION", "EXACT_COSINE", "ALPHA", "Units", "default_target", "time_to_target", "is_exact",
            "family_p", "verdict_word", "verdict_line"]

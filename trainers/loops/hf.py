@@ -1,7 +1,7 @@
 """A gradient engine inside the Hugging Face Trainer: ``EngineTrainer``, a ``transformers.Trainer`` whose training
 step computes the gradients with an engine instead of ``loss.backward()``.
 
-    from trainers.loops.hf import EngineTrainer
+    from gradengines.trainers.loops.hf import EngineTrainer
     trainer = EngineTrainer(model=gpt2, args=TrainingArguments(...), train_dataset=..., engine="highway",
                             engine_options={"k": 2})
     trainer.train()
@@ -35,10 +35,10 @@ import torch
 import transformers
 from transformers.modeling_outputs import CausalLMOutput
 
-from trainers.core.engine import GradientEngine, trainable_parameters
-from trainers.core.errors import ConfigError
-from trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
-from trainers.loops.setup import given_engine, model_for_engine
+from gradengines.trainers.core.engine import GradientEngine, trainable_parameters
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
+from gradengines.trainers.loops.setup import given_engine, model_for_engine
 
 __all__ = ["EngineTrainer", "ENGINE_FILE"]
 

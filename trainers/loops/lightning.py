@@ -36,11 +36,11 @@ import lightning
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from tasks.base import cross_entropy_loss
-from trainers.core.engine import GradientEngine, trainable_parameters
-from trainers.core.errors import ConfigError
-from trainers.core.replicas import average_over_replicas
-from trainers.loops.setup import given_engine, model_for_engine
+from gradengines.tasks.base import cross_entropy_loss
+from gradengines.trainers.core.engine import GradientEngine, trainable_parameters
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.replicas import average_over_replicas
+from gradengines.trainers.loops.setup import given_engine, model_for_engine
 
 __all__ = ["EngineModule"]
 

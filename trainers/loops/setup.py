@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-import models
-from trainers.core.engine import GradientEngine
-from trainers.core.errors import ConfigError, IncompatibleModelError
-from trainers.core.registry import build_engine
+from gradengines import models
+from gradengines.trainers.core.engine import GradientEngine
+from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
+from gradengines.trainers.core.registry import build_engine
 
 __all__ = ["given_engine", "model_for_engine"]
 

@@ -25,10 +25,10 @@ import copy
 import torch
 from torch import nn
 
-from trainers.core.engine import GradientEngine, LossFn, trainable_parameters
-from trainers.core.rng import set_torch_rng_state, torch_rng_state
-from trainers.core.self_check import kept
-from trainers.engines.backprop import Backprop
+from gradengines.trainers.core.engine import GradientEngine, LossFn, trainable_parameters
+from gradengines.trainers.core.rng import set_torch_rng_state, torch_rng_state
+from gradengines.trainers.core.self_check import kept
+from gradengines.trainers.engines.backprop import Backprop
 
 __all__ = ["gradient_agreement", "compare_grads"]
 

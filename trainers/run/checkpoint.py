@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainers.core.errors import DamagedCheckpointError, UnsafeCheckpointError
+from gradengines.trainers.core.errors import DamagedCheckpointError, UnsafeCheckpointError
 
 __all__ = ["state_problem", "save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic", "TEMP_SUFFIX"]
 
@@ -173,7 +173,7 @@ def state_problem(state) -> str | None:
     """Why a loaded checkpoint cannot continue a Trainer's run (None: it can): a step that is not a non-negative
     integer, no model weights, an optimizer state without parameter groups, no config, random generator
     states that do not apply (tried, then the current ones put back)."""
-    from trainers.core.rng import rng_state, set_rng_state  # rng imports nothing of the run
+    from gradengines.trainers.core.rng import rng_state, set_rng_state  # rng imports nothing of the run
 
     if not isinstance(state, dict) or "step" not in state:
         return "not a checkpoint of this framework"

@@ -4,10 +4,10 @@ import dataclasses
 import math
 from typing import Literal
 
-from trainers.core.distributed import check_device
-from trainers.core.errors import ConfigError, spell
-from trainers.core.options import option
-from trainers.core.precision import precision_of
+from gradengines.trainers.core.distributed import check_device
+from gradengines.trainers.core.errors import ConfigError, spell
+from gradengines.trainers.core.options import option
+from gradengines.trainers.core.precision import precision_of
 
 __all__ = ["TrainConfig", "SHARED_SETTINGS"]
 

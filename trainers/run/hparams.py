@@ -22,8 +22,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2, summary_v2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from trainers.run.checkpoint import write_atomic
-from trainers.run.records import read_records
+from gradengines.trainers.run.checkpoint import write_atomic
+from gradengines.trainers.run.records import read_records
 
 __all__ = ["METRIC_PREFIX", "CONFIG_FILE", "SHOWN_FIRST", "metric_display_names", "session_metrics", "session_hparams",
            "session_summaries", "experiment_config", "write_experiment_config"]

@@ -7,9 +7,9 @@ line that says what was kept; a finished run writes its test record, HParams ses
 import json
 from pathlib import Path
 
-from models.errors import one_line
-from tasks.errors import TaskConfigError
-from trainers.core.errors import (
+from gradengines.models.errors import one_line
+from gradengines.tasks.errors import TaskConfigError
+from gradengines.trainers.core.errors import (
     USER_ERRORS,
     ConfigError,
     DistributedError,
@@ -22,14 +22,14 @@ from trainers.core.errors import (
     out_of_memory,
     spell,
 )
-from trainers.core.options import as_dict
-from trainers.core.rng import seed_everything, set_rng_state
-from trainers.core.threads import last_choice
-from trainers.run.checkpoint import write_text_atomic
-from trainers.run.hparams import session_hparams, session_metrics
-from trainers.run.logger import RunLogger, read_metrics
-from trainers.run.optim import restore_optimizer
-from trainers.run.rundir import note
+from gradengines.trainers.core.options import as_dict
+from gradengines.trainers.core.rng import seed_everything, set_rng_state
+from gradengines.trainers.core.threads import last_choice
+from gradengines.trainers.run.checkpoint import write_text_atomic
+from gradengines.trainers.run.hparams import session_hparams, session_metrics
+from gradengines.trainers.run.logger import RunLogger, read_metrics
+from gradengines.trainers.run.optim import restore_optimizer
+from gradengines.trainers.run.rundir import note
 
 # errors the framework raises with their own one-line message (never rewritten as a user model's failure)
 NAMED_ERRORS = (*USER_ERRORS, NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, OSError)

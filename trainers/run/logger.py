@@ -22,9 +22,9 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
-from trainers.core.errors import DataError
-from trainers.run.checkpoint import write_text_atomic
-from trainers.run.hparams import METRIC_PREFIX, session_summaries
+from gradengines.trainers.core.errors import DataError
+from gradengines.trainers.run.checkpoint import write_text_atomic
+from gradengines.trainers.run.hparams import METRIC_PREFIX, session_summaries
 
 __all__ = ["RunLogger", "read_metrics"]
 

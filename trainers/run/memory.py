@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from models.adapters.calling import call_model
-from trainers.core.errors import ConfigError
+from gradengines.models.adapters.calling import call_model
+from gradengines.trainers.core.errors import ConfigError
 
 __all__ = ["MAX_DEPTH", "estimate_bytes", "available_bytes", "check_fits", "check_fits_scaled"]
 

@@ -3,12 +3,12 @@ in eval and in training mode, called as declared (``models.adapters.calling``); 
 
 import torch
 
-from models.adapters.calling import call_model, forward_loss, model_call, own_loss_difference, passes_state
-from models.adapters.calling import describe as describe_call
-from models.errors import ModelConfigError, one_line
-from trainers.core.errors import ConfigError, on_command_line
-from trainers.core.self_check import kept
-from trainers.run.notes import note
+from gradengines.models.adapters.calling import call_model, forward_loss, model_call, own_loss_difference, passes_state
+from gradengines.models.adapters.calling import describe as describe_call
+from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.trainers.core.errors import ConfigError, on_command_line
+from gradengines.trainers.core.self_check import kept
+from gradengines.trainers.run.notes import note
 
 __all__ = ["check_task_model", "to_device"]
 

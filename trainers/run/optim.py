@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from trainers.run.config import TrainConfig
+from gradengines.trainers.run.config import TrainConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "restore_optimizer", "WarmupCosine", "StepDecay"]
 

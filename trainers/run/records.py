@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainers.run.notes import forget_said, note
+from gradengines.trainers.run.notes import forget_said, note
 
 __all__ = ["read_record", "read_records", "result_problem", "failure_problem", "forget_notes"]
 

@@ -35,10 +35,16 @@ import os
 import time
 from pathlib import Path
 
-from trainers.core.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
-from trainers.run.checkpoint import TEMP_SUFFIX, load_checkpoint, save_atomic, state_problem, write_text_atomic
-from trainers.run.notes import note  # re-exported: callers have said note from here since before notes.py
-from trainers.run.records import read_record
+from gradengines.trainers.core.errors import ConfigError, DamagedCheckpointError, RunBusyError, on_command_line, spell
+from gradengines.trainers.run.checkpoint import (
+    TEMP_SUFFIX,
+    load_checkpoint,
+    save_atomic,
+    state_problem,
+    write_text_atomic,
+)
+from gradengines.trainers.run.notes import note  # re-exported: callers have said note from here since before notes.py
+from gradengines.trainers.run.records import read_record
 
 __all__ = ["RunDirectory", "run_path", "check_folder_name", "holds_any_run", "nothing_to_resume", "check_resume",
            "FIXED", "CHANGEABLE", "note"]

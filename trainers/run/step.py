@@ -20,14 +20,14 @@ import time
 import torch
 from torch import nn
 
-from models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
-from models.orthogonal.retraction import CayleyRetraction
-from trainers.core.distributed import DataParallel
-from trainers.core.engine import GradientEngine
-from trainers.core.errors import NonFiniteLossError
-from trainers.core.precision import Precision
-from trainers.run.agreement import gradient_agreement
-from trainers.run.rundir import note
+from gradengines.models.orthogonal import PROJECTED_METHODS, orthogonal_method, orthogonality_error
+from gradengines.models.orthogonal.retraction import CayleyRetraction
+from gradengines.trainers.core.distributed import DataParallel
+from gradengines.trainers.core.engine import GradientEngine
+from gradengines.trainers.core.errors import NonFiniteLossError
+from gradengines.trainers.core.precision import Precision
+from gradengines.trainers.run.agreement import gradient_agreement
+from gradengines.trainers.run.rundir import note
 
 __all__ = ["StepResult", "TrainStep", "agreement_scalars", "peak_memory_mb"]
 

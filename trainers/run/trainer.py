@@ -37,29 +37,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.adapters.calling import call_model, model_call
-from models.adapters.user import is_reference
-from models.errors import ModelConfigError
-from models.orthogonal.retraction import CayleyRetraction
-from tasks.base import IGNORE_INDEX, Task, label_range
-from tasks.stream import StreamReader, StreamSplit
-from trainers.core.compiled import compile_checked
-from trainers.core.distributed import DataParallel, local_device
-from trainers.core.engine import GradientEngine, trainable_parameters
-from trainers.core.errors import ConfigError, RunWriteError, spell
-from trainers.core.options import as_dict, parse_options
-from trainers.core.precision import precision_of
-from trainers.core.replicas import unwrap
-from trainers.core.rng import rng_state
-from trainers.core.threads import threads_for_api
-from trainers.run import lifecycle
-from trainers.run.config import SHARED_SETTINGS, TrainConfig
-from trainers.run.model_check import check_task_model, to_device
-from trainers.run.notes import note
-from trainers.run.optim import build_optimizer, build_scheduler
-from trainers.run.progress import Progress
-from trainers.run.rundir import RunDirectory, run_path
-from trainers.run.step import StepResult, TrainStep, agreement_scalars
+from gradengines.models.adapters.calling import call_model, model_call
+from gradengines.models.adapters.user import is_reference
+from gradengines.models.errors import ModelConfigError
+from gradengines.models.orthogonal.retraction import CayleyRetraction
+from gradengines.tasks.base import IGNORE_INDEX, Task, label_range
+from gradengines.tasks.stream import StreamReader, StreamSplit
+from gradengines.trainers.core.compiled import compile_checked
+from gradengines.trainers.core.distributed import DataParallel, local_device
+from gradengines.trainers.core.engine import GradientEngine, trainable_parameters
+from gradengines.trainers.core.errors import ConfigError, RunWriteError, spell
+from gradengines.trainers.core.options import as_dict, parse_options
+from gradengines.trainers.core.precision import precision_of
+from gradengines.trainers.core.replicas import unwrap
+from gradengines.trainers.core.rng import rng_state
+from gradengines.trainers.core.threads import threads_for_api
+from gradengines.trainers.run import lifecycle
+from gradengines.trainers.run.config import SHARED_SETTINGS, TrainConfig
+from gradengines.trainers.run.model_check import check_task_model, to_device
+from gradengines.trainers.run.notes import note
+from gradengines.trainers.run.optim import build_optimizer, build_scheduler
+from gradengines.trainers.run.progress import Progress
+from gradengines.trainers.run.rundir import RunDirectory, run_path
+from gradengines.trainers.run.step import StepResult, TrainStep, agreement_scalars
 
 __all__ = ["Trainer", "check_task_model", "eval_subset", "steps_per_epoch"]
 
