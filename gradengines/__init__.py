@@ -5,6 +5,11 @@
     task = ge.tasks.build("digits")
     engine = ge.build_engine("foton")          # a registered name, an engine class, or "file.py:Class"
     ge.Trainer(model, engine, task, logdir="runs").fit(epochs=10)
+    ge.testing.check_engine(MyRule)            # your own engine against the whole contract
+
+Your own engine: a ``GradientEngine`` subclass (``gradengines.blocks``: the pieces the built-ins are made of),
+named by reference (``--trainer my_rule.py:MyRule``), registered (``ge.register_engine(MyRule)``) or installed as a
+plugin (entry-point group ``gradengines.engines``).
 
 One import name: the repository's folders ``trainers/``, ``models/`` and ``tasks/`` are this package's
 subpackages ``gradengines.trainers``, ``gradengines.models`` and ``gradengines.tasks`` (``pyproject.toml`` maps
@@ -18,8 +23,10 @@ _ROOT = _Path(__file__).resolve().parent.parent
 if (_ROOT / "pyproject.toml").is_file() and (_ROOT / "trainers" / "__init__.py").is_file():
     __path__.append(str(_ROOT))  # noqa: F821  (a package's __path__)
 
-from gradengines import models, tasks, trainers  # noqa: E402
+from gradengines import models, tasks, trainers  # noqa: E402  isort: skip
+# after trainers: the engines (tbptt) import blocks, which reads them
+from gradengines import blocks, testing  # noqa: E402  isort: skip
 from gradengines.trainers import *  # noqa: E402,F401,F403
 from gradengines.trainers import __all__ as _trainers_all  # noqa: E402
 
-__all__ = ["models", "tasks", "trainers", *_trainers_all]
+__all__ = ["models", "tasks", "trainers", "blocks", "testing", *_trainers_all]

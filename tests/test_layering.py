@@ -32,6 +32,8 @@ def allowed(layer: str) -> set[str]:
 
 def layer_of(module: str) -> str | None:
     """The layer a module belongs to (None: the public package ``trainers`` itself, which re-exports)."""
+    if module in FACADE:
+        return FACADE[module]
     parts = module.split(".")
     if parts[0] in BOTTOM:
         return parts[0]
@@ -40,10 +42,15 @@ def layer_of(module: str) -> str | None:
     return None
 
 
+FACADE = {"gradengines.blocks": "trainers.engines"}
+"""Modules of the facade folder ``gradengines/`` that engines import, and the layer they belong to: the public
+pieces of an engine (``trainers/engines/tbptt.py`` is written on them) import only what an engine may."""
+
+
 def in_folders(module: str) -> str:
     """A module's name as its folder in this repository names it: ``gradengines.trainers.core`` is
     ``trainers.core`` (the folders are mapped into the one import name ``gradengines``)."""
-    return module.removeprefix("gradengines.")
+    return module if module in FACADE else module.removeprefix("gradengines.")
 
 
 def imports(path: Path) -> set[str]:
@@ -58,13 +65,15 @@ def imports(path: Path) -> set[str]:
             found.add(module)
             if module in ("gradengines", "trainers", "models"):
                 found |= {in_folders(f"{node.module}.{alias.name}") for alias in node.names}
-    return {m for m in found if m.split(".")[0] in ("trainers", "models", "tasks")}
+    return {m for m in found if m.split(".")[0] in ("trainers", "models", "tasks") or m in FACADE}
 
 
 def violations(root: Path = ROOT) -> list[str]:
     found = []
-    for package in ("models", "tasks", "trainers"):
-        for path in sorted((root / package).rglob("*.py")):
+    facade = [root / (name.replace(".", "/") + ".py") for name in FACADE]
+    for package in ("models", "tasks", "trainers", "facade"):
+        paths = facade if package == "facade" else sorted((root / package).rglob("*.py"))
+        for path in paths:
             module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
             layer = layer_of(module)
             if layer is None:
@@ -147,12 +156,14 @@ def test_every_module_of_trainers_is_in_a_layer():
      "trainers.run.trainer (trainers.run) imports trainers.cli (trainers.cli)"),
     ("models/zoo/mlp.py", "import gradengines.trainers.core.errors",
      "models.zoo.mlp (models) imports trainers.core.errors (trainers.core)"),
+    ("gradengines/blocks.py", "from gradengines.trainers.run.agreement import gradient_agreement",
+     "gradengines.blocks (trainers.engines) imports trainers.run.agreement (trainers.run)"),
 ])
 def test_an_upward_import_is_found(tmp_path, module, line, expected):
     """The check on a copy of the tree with one upward import added (the real tree is never touched)."""
     import shutil
 
-    for package in ("models", "tasks", "trainers"):
+    for package in ("models", "tasks", "trainers", "gradengines"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     path = tmp_path / module
     path.write_text(path.read_text() + f"\n{line}\n")

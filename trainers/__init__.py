@@ -17,7 +17,7 @@ from gradengines.trainers.core.errors import (
     NonFiniteLossError,
     TaskConfigError,
 )
-from gradengines.trainers.core.registry import available, build_engine, engine_class, register_engine
+from gradengines.trainers.core.registry import available, build_engine, engine_class, engine_origin, register_engine
 from gradengines.trainers.core.threads import set_threads
 from gradengines.trainers.run.agreement import compare_grads, gradient_agreement
 from gradengines.trainers.run.config import TrainConfig
@@ -39,6 +39,7 @@ __all__ = [
     "build_engine",
     "compare_grads",
     "engine_class",
+    "engine_origin",
     "gradient_agreement",
     "register_engine",
     "set_threads",

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from gradengines.models.orthogonal.retraction import CayleyRetraction
 from gradengines.trainers.core.options import parse_key_values
 from gradengines.trainers.core.protocols import recurrent_forwards
-from gradengines.trainers.core.registry import build_engine
+from gradengines.trainers.core.registry import build_engine, split_spec
 from gradengines.trainers.core.threads import last_choice
 from gradengines.trainers.engines.backprop import Backprop
 
@@ -217,9 +217,11 @@ def time_trainers(names, build_model, x, y, loss_fn, device, steps, warmup, prog
 
 
 def engine_from_spec(spec: str):
-    """``"foton:mode=lowmem,temperature=2"`` -> ``build_engine("foton", mode="lowmem", temperature=2.0)``."""
-    name, _, rest = spec.partition(":")
-    return build_engine(name, **parse_key_values(filter(None, rest.split(",")), f"trainer spec {spec!r}"))
+    """``"foton:mode=lowmem,temperature=2"`` -> ``build_engine("foton", mode="lowmem", temperature=2.0)``; the
+    engine may be a reference, ``my_rule.py:SignSGD:clip=1`` (``trainers.core.registry.split_spec``)."""
+    name, rest = split_spec(spec)
+    items = [item for part in rest for item in part.split(",") if item]
+    return build_engine(name, **parse_key_values(items, f"trainer spec {spec!r}"))
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -19,18 +19,26 @@ from gradengines.trainers.core.errors import (
     IncompatibleModelError,
 )
 from gradengines.trainers.core.options import add_arguments, options_from_args, parse_key_values, parse_options
-from gradengines.trainers.core.registry import available, build_engine, engine_class
+from gradengines.trainers.core.registry import (
+    available,
+    build_engine,
+    engine_class,
+    engine_origin,
+    resolve_engine,
+    split_spec,
+)
 from gradengines.trainers.core.rng import seed_everything
 from gradengines.trainers.core.threads import THREADS_ENV
 from gradengines.trainers.experiments.compare import compatible
-from gradengines.trainers.experiments.recipes import recipe_for
+from gradengines.trainers.experiments.recipes import check_recipe, recipe_for
 from gradengines.trainers.run.config import TrainConfig
 from gradengines.trainers.run.memory import check_fits, check_fits_scaled
 from gradengines.trainers.run.notes import note_once
 from gradengines.trainers.run.rundir import check_folder_name, note
 
-__all__ = ["OneLineParser", "Setup", "base_parser", "build_from_args", "add_threads_flag", "add_settings_flag",
-           "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs", "mlp_trainers", "join_job",
+__all__ = ["OneLineParser", "Setup", "base_parser", "with_engine_names", "build_from_args", "add_threads_flag",
+           "add_settings_flag", "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs",
+           "mlp_trainers", "join_job",
            "auto_wrap_recurrent", "residual_structure", "trainers_for", "model_call_options", "other_trainer_flags",
            "MODEL_FLAGS", "SEED_RANGE"]
 
@@ -170,6 +178,38 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     return parser
 
 
+def with_engine_names(argv: list[str], flags: dict[str, str]) -> list[str]:
+    """``argv`` with each engine reference (``FILE.py:Class``, ``module:Class``) in the values of ``flags`` (flag ->
+    the separator of its list: ``{"--trainers": ","}``) replaced by its registered name: registered now, before the
+    parser is built, so its options are flags (``--<name>-<option>``), its recipe checked, and everything after
+    names it as it names the built-ins (``trainers.core.registry``). Options given with it are kept
+    (``my_rule.py:SignSGD:clip=1`` -> ``signsgd:clip=1``). Raises ``ConfigError`` (one line)."""
+    available()  # installed plugins registered (a broken one is one line here, not a traceback in the parser)
+
+    def named(text: str, separator: str) -> str:
+        items = []
+        for item in text.split(separator):
+            engine, options = split_spec(item.strip())
+            if engine and (":" in engine or engine.endswith(".py")):
+                engine = resolve_engine(engine)
+                check_recipe(engine)
+                item = ":".join([engine, *options])
+            items.append(item)
+        return separator.join(items)
+
+    out, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        flag, equals, value = arg.partition("=")
+        if flag in flags and equals:
+            arg = f"{flag}={named(value, flags[flag])}"
+        elif arg in flags and rest:
+            out.append(arg)
+            arg = named(rest.pop(0), flags[flag])
+        out.append(arg)
+    return out
+
+
 def add_threads_flag(parser) -> None:
     """``--threads N|auto`` (``trainers.core.threads``)."""
     parser.add_argument("--threads", default=None, metavar="N|auto",
@@ -283,7 +323,7 @@ def build_from_args(args, trainer: str, seed: int | None = None, settings: str =
         auto_wrap_recurrent(model)
     if trainer == "highway":
         model = residual_structure(model, task)
-    record = _settings_record(settings, recipe, given, set(values))
+    record = {**_settings_record(settings, recipe, given, set(values)), "engine": engine_origin(trainer)}
     if tuned:
         record["tuned"] = tuned
     return Setup(engine, task, model, cfg, {"name": args.model, **model_options}, record)

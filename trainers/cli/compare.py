@@ -14,6 +14,7 @@ from gradengines.trainers.cli.args import (
     join_job,
     trainer_runs,
     trainers_for,
+    with_engine_names,
 )
 from gradengines.trainers.cli.names import default_experiment
 from gradengines.trainers.cli.process import run_cli
@@ -51,7 +52,7 @@ def compare_parser(argv: list[str], prog: str | None = None):
     parser.add_argument("--trainers", default=None,
                         help="comma list of trainers (default: every trainer compatible with the model); a trainer "
                              "may carry its options, NAME:OPTION=VALUE (e.g. highway:k=1,highway:k=4: runs "
-                             "highway-k1 and highway-k4)")
+                             "highway-k1 and highway-k4); your own engine as FILE.py:Class or module:Class")
     parser.add_argument("--seeds", help="comma list of seeds")
     parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task> for the "
                                               "default model, compare-<model>-<task>, and what else makes the "
@@ -99,6 +100,11 @@ def model_given(argv: list[str]) -> bool:
 def compare_main(argv=None, prog: str | None = None) -> int:
     """``scripts/compare.py``: several trainers, same model, task and seeds, one logdir."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    named: list[list[str]] = []  # engines FILE.py:Class registered before the parser lists their flags
+    code = run_cli(lambda: named.append(with_engine_names(argv, {"--trainers": ",", "--reference": ","})))
+    if code:
+        return code
+    argv = named[0]
     parser = compare_parser(argv, prog)
     args = parser.parse_args(argv)
 

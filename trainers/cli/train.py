@@ -1,6 +1,7 @@
 """``train``: one trainer, one run (``scripts/train.py``, ``gradengines train``)."""
 
 import json
+import sys
 from pathlib import Path
 
 from gradengines.trainers.cli.args import (
@@ -10,6 +11,7 @@ from gradengines.trainers.cli.args import (
     check_run_flags,
     join_job,
     other_trainer_flags,
+    with_engine_names,
 )
 from gradengines.trainers.cli.names import default_experiment, default_run_name
 from gradengines.trainers.cli.process import run_cli
@@ -30,7 +32,8 @@ def train_parser(prog: str | None = None):
     parser = base_parser("Train a zoo model (or your own, --model FILE.py:CLASS) on a task with one gradient engine.",
                          prog)
     parser.add_argument("--trainer", default="backprop",
-                        help=f"gradient engine: {', '.join(available())} (default: backprop)")
+                        help=f"gradient engine: {', '.join(available())} (default: backprop); or your own, "
+                             f"path/to/file.py:Class or package.module:Class (a GradientEngine subclass)")
     parser.add_argument("--experiment", default=None,
                         help="experiment folder under --logdir (default: train-<model>-<task> and what else makes "
                              "the experiment different, trainers/cli/names.py)")
@@ -40,8 +43,13 @@ def train_parser(prog: str | None = None):
 
 def train_main(argv=None, prog: str | None = None) -> int:
     """``scripts/train.py``: train one model with one trainer."""
+    named: list[list[str]] = []  # --trainer FILE.py:Class registered before the parser lists its flags
+    code = run_cli(lambda: named.append(with_engine_names(sys.argv[1:] if argv is None else list(argv),
+                                                          {"--trainer": ","})))
+    if code:
+        return code
     parser = train_parser(prog)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(named[0])
 
     def main():
         set_threads(args.threads)

@@ -31,8 +31,10 @@ it replaces) proves its exact setting on the first batch
 ``ModelConfigError`` line where it is not autograd.
 
 An engine is one file: a subclass of ``GradientEngine`` with a nested
-``Options`` dataclass (``trainers.core.options.option`` fields), registered with
-``@register_engine("name")`` (``trainers.core.registry``).
+``Options`` dataclass (``trainers.core.options.option`` fields) and, optionally, a
+``recipe`` (its settings with their sources), named by its ``name`` attribute. It is
+built in (``@register_engine("name")``), registered by a program, installed as a
+plugin, or named by reference, ``FILE.py:Class`` (``trainers.core.registry``).
 """
 
 import dataclasses
@@ -97,9 +99,16 @@ class GradientEngine:
     ``compute_grads`` runs ``prepare`` (``check``, ``first_batch_check``) on a model it has not seen before."""
 
     name: ClassVar[str] = ""
+    """The engine's name (flags ``--<name>-<option>``, run folders, logs): a subclass's own ``name`` attribute, else
+    its class name lower-cased, or the name it is registered under (``trainers.core.registry``)."""
+    name_given: ClassVar[bool] = False
+    """Whether the class set ``name`` itself (a registration under another name is then refused)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        cls.name_given = "name" in vars(cls)
+        if not cls.name_given:
+            cls.name = cls.__name__.lower()
         if "compute_grads" in vars(cls):
             cls.compute_grads = _checked_first(vars(cls)["compute_grads"])  # type: ignore[method-assign]
 

@@ -82,6 +82,25 @@ class RecurrentLayer(Protocol):
         """What the layer above sees of the states (the h half for the LSTM)."""
 
 
+def recurrent_layers(model: nn.Module, engine: str) -> list[nn.Module]:
+    """``model.recurrent_layers`` (bottom to top), each a ``RecurrentLayer``; else one ``IncompatibleModelError``
+    line saying what ``engine`` needs (``models.wrap_recurrent`` gives a model with nn.GRU/LSTM/RNN modules
+    such layers)."""
+    layers = getattr(model, "recurrent_layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise IncompatibleModelError(
+            f"trainer '{engine}' needs a model with recurrent layers (an nn.ModuleList 'recurrent_layers'); "
+            f"{type(model).__name__} has none{refusal(model)} (zoo models that qualify: rnn_lm, rnn_block_lm; "
+            f"yours with nn.GRU/LSTM/RNN: models.wrap_recurrent)")
+    for layer in layers:
+        if not isinstance(layer, RecurrentLayer):
+            raise IncompatibleModelError(
+                f"trainer '{engine}' needs recurrent layers with the RecurrentLayer protocol "
+                f"(trainers/core/protocols.py); {type(layer).__name__} is not one "
+                "(layers that qualify: models.layers.recurrent)")
+    return list(layers)
+
+
 def require(model: nn.Module, protocol: type, engine: str, need: str, zoo: str) -> None:
     """Raise ``IncompatibleModelError`` unless ``model`` satisfies ``protocol``."""
     if not isinstance(model, protocol):

@@ -10,4 +10,5 @@ from gradengines.trainers.engines import (  # noqa: F401
     highway,
     mezo,
     pepita,
+    tbptt,  # last: written on gradengines.blocks, which reads the engines above
 )

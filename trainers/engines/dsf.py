@@ -54,30 +54,17 @@ from gradengines.trainers.core.distributed import mean_over_ranks
 from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
 from gradengines.trainers.core.errors import ConfigError, IncompatibleModelError
 from gradengines.trainers.core.options import option
-from gradengines.trainers.core.protocols import RecurrentLayer, recurrent_forwards, refusal
+from gradengines.trainers.core.protocols import recurrent_forwards, recurrent_layers
 from gradengines.trainers.core.registry import register_engine
 
 __all__ = ["TimeParallel", "FTBPTT", "DSF"]
-
-_ZOO = "rnn_lm, rnn_block_lm"
 
 
 class TimeParallel(GradientEngine):
     """Shared step of FT-BPTT and DSF: detached fused forward, local recompute, feedback hook."""
 
     def check(self, model: nn.Module) -> None:
-        layers = getattr(model, "recurrent_layers", None)
-        if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-            raise IncompatibleModelError(
-                f"trainer '{self.name}' needs a model with recurrent layers (an nn.ModuleList "
-                f"'recurrent_layers'); {type(model).__name__} has none{refusal(model)} (zoo models that qualify: "
-                f"{_ZOO})")
-        for layer in layers:
-            if not isinstance(layer, RecurrentLayer):
-                raise IncompatibleModelError(
-                    f"trainer '{self.name}' needs recurrent layers with the RecurrentLayer protocol "
-                    f"(trainers/core/protocols.py); {type(layer).__name__} is not one "
-                    "(layers that qualify: models.layers.recurrent)")
+        recurrent_layers(model, self.name)
 
     needs_gate = False  # coefficients need the cell's gate
 

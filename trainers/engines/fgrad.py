@@ -29,7 +29,7 @@ from gradengines.trainers.core.options import option
 from gradengines.trainers.core.registry import register_engine
 from gradengines.trainers.engines.directions import direction
 
-__all__ = ["ForwardGradient", "loss_at"]
+__all__ = ["ForwardGradient", "loss_at", "directional_derivative"]
 
 
 class _Loss(nn.Module):
@@ -52,6 +52,28 @@ def loss_at(model: nn.Module, names: list[str], values, inputs, targets, loss_fn
                                       (inputs, targets), strict=False)
 
 
+def directional_derivative(model: nn.Module, inputs, targets, loss_fn, tangents, engine: str = "this engine"):
+    """(loss, dL . v, outputs), all detached: one forward-mode pass (``torch.func.jvp``) of the loss with respect
+    to every trainable parameter of ``model``, tangent ``tangents`` (one tensor per parameter, in
+    ``trainable_parameters`` order); no backward pass, nothing written. A forward with an operation torch has no
+    forward-mode derivative for is one ``ModelConfigError`` line naming ``engine``."""
+    named = trainable_parameters(model)
+    names = [name for name, _ in named]
+    primals = tuple(p.detach() for _, p in named)
+
+    def loss_of(*values):  # (loss, outputs as the auxiliary result)
+        return loss_at(model, names, values, inputs, targets, loss_fn)
+
+    try:  # attention in its composite form: the fused kernels have no forward-mode derivative on the CPU
+        with sdpa_kernel([SDPBackend.MATH]):
+            loss, dot, outputs = torch.func.jvp(loss_of, primals, tuple(tangents), has_aux=True)
+    except NotImplementedError as err:
+        raise ModelConfigError(f"trainer '{engine}' needs the forward-mode derivative of every operation of "
+                               f"{type(model).__name__}'s forward, and torch has none for one of them "
+                               f"({one_line(err)}); train it with mezo or backprop") from None
+    return loss.detach(), dot.detach(), outputs.detach()
+
+
 @register_engine("fgrad")
 class ForwardGradient(GradientEngine):
     """Forward gradient (module docstring)."""
@@ -72,27 +94,15 @@ class ForwardGradient(GradientEngine):
 
     def estimate(self, model: nn.Module, inputs, targets, loss_fn, step: int):
         """(loss, outputs, the averaged estimate per trainable parameter) at ``step``'s directions."""
-        named = trainable_parameters(model)
-        names = [name for name, _ in named]
-        primals = tuple(p.detach() for _, p in named)
-
-        def loss_of(*values):  # (loss, outputs as the auxiliary result)
-            return loss_at(model, names, values, inputs, targets, loss_fn)
-
+        primals = tuple(p.detach() for _, p in trainable_parameters(model))
         total = [torch.zeros_like(p) for p in primals]
         n = self.options.directions
         for index in range(n):
             v = direction(primals, self.options.distribution, self.options.seed, step, index)
-            try:  # attention in its composite form: the fused kernels have no forward-mode derivative on the CPU
-                with sdpa_kernel([SDPBackend.MATH]):
-                    loss, dot, outputs = torch.func.jvp(loss_of, primals, tuple(v), has_aux=True)
-            except NotImplementedError as err:
-                raise ModelConfigError(f"trainer 'fgrad' needs the forward-mode derivative of every operation of "
-                                       f"{type(model).__name__}'s forward, and torch has none for one of them "
-                                       f"({one_line(err)}); train it with mezo or backprop") from None
+            loss, dot, outputs = directional_derivative(model, inputs, targets, loss_fn, v, engine="fgrad")
             for t, vi in zip(total, v, strict=True):
                 t.add_(vi, alpha=float(dot) / n)
-        return loss.detach(), outputs.detach(), total
+        return loss, outputs, total
 
     def compute_grads(self, model, inputs, targets, loss_fn) -> StepOutput:
         loss, outputs, total = self.estimate(model, inputs, targets, loss_fn, self.steps)

@@ -30,9 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from gradengines.trainers.run.config import SHARED_SETTINGS
+from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import parse_options
+from gradengines.trainers.core.registry import engine_class
+from gradengines.trainers.run.config import SHARED_SETTINGS, TrainConfig
 
-__all__ = ["Recipe", "RECIPES", "recipe_for", "LAYER_STACKS", "RECURRENT", "SHARED_SETTINGS", "FEEDBACK_FAMILY"]
+__all__ = ["Recipe", "RECIPES", "recipe_for", "check_recipe", "own_recipe", "LAYER_STACKS", "RECURRENT",
+           "SHARED_SETTINGS", "FEEDBACK_FAMILY"]
 
 
 LAYER_STACKS = ("mlp", "ortho_lenet", "ortho_convnet", "convnet")
@@ -94,7 +98,7 @@ _GPT = _same(HIGHWAY_T4, optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_siz
 _RESIDUAL = _same(HIGHWAY_C1, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=64)
 
 RECIPES: list[Recipe] = [
-    *(Recipe(t, RECURRENT, _RECURRENT) for t in ("backprop", "ftbptt", "highway")),
+    *(Recipe(t, RECURRENT, _RECURRENT) for t in ("backprop", "ftbptt", "highway", "tbptt")),
     Recipe("dsf", RECURRENT, _RECURRENT, _same(DSF_PTB, feedback="linspace")),
     *(Recipe(t, ("resnet",), _RESNET) for t in ("backprop", "highway")),
     *(Recipe(t, ("gpt",), _GPT) for t in ("backprop", "highway")),
@@ -117,7 +121,39 @@ RECIPES: list[Recipe] = [
 ]
 
 
+def own_recipe(trainer: str) -> Recipe | None:
+    """The recipe an engine from outside carries as its class attribute ``recipe``, ``{option: (value, source)}``
+    (training options and its own options alike), as a ``Recipe`` for every model; None where it has none."""
+    cls = engine_class(trainer)
+    recipe = vars(cls).get("recipe")
+    if recipe is None:
+        return None
+    check_recipe(trainer)
+    options = {f.name for f in dataclasses.fields(cls.Options)}
+    return Recipe(trainer, (), {k: v for k, v in recipe.items() if k not in options},
+                  {k: v for k, v in recipe.items() if k in options})
+
+
+def check_recipe(trainer: str) -> None:
+    """An engine's own ``recipe`` names only training options (``TrainConfig``) and its own options, each value
+    valid for it (``ConfigError``, one line, otherwise)."""
+    cls = engine_class(trainer)
+    recipe = vars(cls).get("recipe") or {}
+    training = {f.name for f in dataclasses.fields(TrainConfig)}
+    options = {f.name for f in dataclasses.fields(cls.Options)}
+    unknown = sorted(set(recipe) - training - options)
+    if unknown:
+        raise ConfigError(f"engine '{trainer}': recipe key '{unknown[0]}' is neither a training option "
+                          f"({', '.join(sorted(training)[:4])}, ...) nor one of its Options")
+    try:
+        parse_options(TrainConfig, {k: v for k, (v, _) in recipe.items() if k in training})
+        parse_options(cls.Options, {k: v for k, (v, _) in recipe.items() if k in options})
+    except ConfigError as err:
+        raise ConfigError(f"engine '{trainer}': its recipe: {err}") from None
+
+
 def recipe_for(trainer: str, model: str) -> Recipe | None:
-    """The recipe of ``trainer`` on the zoo model named ``model`` (the most specific one), or None."""
+    """The recipe of ``trainer`` on the zoo model named ``model`` (the most specific one), or None; an engine
+    from outside, its own (``own_recipe``)."""
     matches = [r for r in RECIPES if r.trainer == trainer and (not r.models or model in r.models)]
-    return min(matches, key=lambda r: not r.models, default=None)
+    return min(matches, key=lambda r: not r.models, default=None) or own_recipe(trainer)

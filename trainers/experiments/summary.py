@@ -44,7 +44,8 @@ from gradengines.trainers.run.checkpoint import write_text_atomic
 from gradengines.trainers.run.trainer import eval_subset
 
 __all__ = ["write_summary", "summary_table", "alignment_table", "verdict_lines", "time_to_target_table", "timing_table",
-           "settings_table", "failure_notes", "model_text", "mean_std", "disagreement_lines", "pivot_table"]
+           "settings_table", "engine_origins", "failure_notes", "model_text", "mean_std", "disagreement_lines",
+           "pivot_table"]
 
 
 def mean_std(values: list[float]) -> str:
@@ -542,8 +543,27 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
     if notes:
         parts.append("Notes:\n" + "\n".join(notes) + "\n\n")
     parts.append(f"## Settings (each run's first seed)\n\n{settings_table(results)}")
+    parts.append(engine_origins(results))
     write_text_atomic(Path(out_dir) / "summary.md", "".join(parts))
     return table
+
+
+def engine_origins(results: dict[str, list[dict]]) -> str:
+    """Where each engine that is not built in came from (its file and sha256, its module and version, its plugin),
+    as its run recorded it (``trainers.core.registry.engine_origin``); empty when every engine is built in."""
+    lines = []
+    for run, seeds in results.items():
+        origin = (seeds[0]["report"].get("settings") or {}).get("engine")
+        if not origin or origin["source"] == "built in":
+            continue
+        where = origin.get("path") or origin.get("module", "")
+        if origin["source"] == "plugin":
+            where = f"plugin {origin['distribution']} {origin['version']} ({origin['entry_point']})"
+        elif origin.get("version"):
+            where += f" ({origin['distribution']} {origin['version']})"
+        digest = f", sha256 {origin['sha256'][:16]}" if origin.get("sha256") else ""
+        lines.append(f"- {run}: {origin['class']} from {where}{digest}")
+    return "\n## Engines from outside the framework\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def model_text(results: dict[str, list[dict]]) -> str:
