@@ -330,6 +330,11 @@ class _Checker:
             try:
                 engine.compute_grads(model, x, y, case.loss_fn)
             except (IncompatibleModelError, ModelConfigError) as err:
+                crash = err.__cause__  # the first batch's one line over an error inside the engine's arithmetic
+                if crash is not None and not type(crash).__module__.startswith("gradengines."):
+                    self.fail("refusal_one_line", case, f"check() accepted the model, then compute_grads raised "
+                                                        f"{one_line(crash)}: refuse in check(), in one "
+                                                        f"IncompatibleModelError line")
                 if "\n" in str(err).strip():
                     self.fail("refusal_one_line", case, f"its refusal is not one line: {str(err)!r:.120}")
             except Exception as err:  # noqa: BLE001

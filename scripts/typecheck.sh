@@ -7,6 +7,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VIEW="$(mktemp -d)"
 trap 'rm -rf "$VIEW"' EXIT
 mkdir "$VIEW/gradengines"
-ln -s "$ROOT/gradengines/__init__.py" "$VIEW/gradengines/__init__.py"
+for file in "$ROOT"/gradengines/*.py; do ln -s "$file" "$VIEW/gradengines/$(basename "$file")"; done
 for folder in trainers models tasks; do ln -s "$ROOT/$folder" "$VIEW/gradengines/$folder"; done
-cd "$VIEW" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" --cache-dir "$ROOT/.mypy_cache" "$@"
+# a cache of its own each run: links that changed between runs read stale entries from a shared one
+cd "$VIEW" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" --cache-dir "$VIEW/.mypy_cache" "$@"

@@ -68,6 +68,17 @@ def train_signalled_at(folder: Path, step: int, signal_name: str, rank: int = 0)
 
 
 @pytest.fixture(autouse=True)
+def _engines_a_test_registers_are_forgotten(monkeypatch):
+    """An engine a test registers (``register_engine``, a ``FILE.py:Class`` on a command line) is gone after it:
+    the worker's later tests list the built-ins only (a default comparison trains every engine it lists)."""
+    from gradengines.trainers.core import registry
+
+    registry.available()  # installed plugins read once, before the copies
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+    monkeypatch.setattr(registry, "_ORIGINS", dict(registry._ORIGINS))
+
+
+@pytest.fixture(autouse=True)
 def _comparisons_time_at_their_own_thread_count(monkeypatch):
     """A comparison run in a test times its steps at its own thread count only: the second count (the
     equal-compute margin's, trainers.experiments.step_timing.other_threads) reads the machine's load, which a

@@ -22,6 +22,7 @@ import re
 import runpy
 import shlex
 import shutil
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from helpers import GPT, GPTConfig, cosine, engine_grads, relative, write_tiny_p
 from torch import nn
 from torch.nn import functional as F
 
+import gradengines as ge
 from gradengines import models, tasks, trainers
 from gradengines.models.adapters.calling import call_model
 from gradengines.tasks.stream import StreamReader
@@ -128,6 +130,14 @@ class Net(nn.Module):
 
 def write_my_models(cwd: Path) -> None:
     (cwd / "my_models.py").write_text(MY_MODELS)
+
+
+SIGN_SGD = "# sign_sgd.py: your rule, in your folder"  # the first line of the README's own-engine block
+
+
+def write_sign_sgd(cwd: Path) -> None:
+    """The README's sign_sgd.py, as a reader saves it in their folder."""
+    (cwd / "sign_sgd.py").write_text(example(SIGN_SGD))
 
 
 MY_DATA = "# my_data.py: a CSV file"  # the first line of the README's factory block
@@ -334,12 +344,18 @@ RUNS = [
         comparison(BERT, "backprop", "highway-k2", "fa", "dfa"), COMPARE),
     Run(r"\.venv/bin/python scripts/train\.py --model transformers:BartForConditionalGeneration ",
         trained(BART, "highway-k1"), TRAIN),
+    # "Your own engine"
+    Run(r"\.venv/bin/python scripts/train\.py --trainer sign_sgd\.py:SignSGD --signsgd-scale 0\.5$",
+        trained("train-mlp-digits", "signsgd-scale0.5"), TRAIN, prepare=write_sign_sgd),
+    Run(r"\.venv/bin/python scripts/compare\.py --trainers backprop,sign_sgd\.py:SignSGD --tune$",
+        tuned("compare-digits-backprop+signsgd-tuned", 1, "backprop", "signsgd"), COMPARE + ONE_LR),
 ]
 
 DATA = "reads ../shared/data (outside the repository)"
 SKIPPED = {
     r"bash scripts/setup\.sh( timm)?$": "builds a virtual environment from the network; the suite runs in .venv",
     r"\.venv/bin/python -m pytest( -n auto( --dist worksteal)?)?$": "the test suite itself",
+    r"\.venv/bin/python -m pytest test_sign_sgd\.py$": "test_the_users_engine_test_file_passes_in_pytest",
     r"\.venv-timm/bin/python ": "needs .venv-timm (timm is not installed beside the project's torch)",
     r"\.venv/bin/tensorboard ": "a server that runs until it is stopped",
     r"\.venv/bin/python scripts/bench\.py --suite overhead$": (
@@ -386,7 +402,8 @@ PYTHON_BLOCKS = {  # the first line of each Python block: the test that runs it
     "class LanguageModel(nn.Module):": "test_the_gru_language_model_example_trains_with_dsf",
     "gpt = GPT(GPTConfig(": "test_the_nanogpt_example_trains_with_highway_and_matches_backprop_at_full_k",
     "retraction = models.retraction.CayleyRetraction(model)": "test_the_retraction_example_keeps_the_layers_orthogonal",
-    "@register_engine(\"myengine\")": "test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train",
+    SIGN_SGD: "test_the_own_engine_block_is_the_example_package_and_keeps_the_contract",
+    "# test_sign_sgd.py": "test_the_users_engine_test_file_passes_in_pytest",
     "from torch.utils.data import TensorDataset\nimport torch\nfrom gradengines import models, tasks, trainers":
         "test_the_datasets_example_trains_with_highway",
     MY_DATA: "test_the_csv_factory_example_splits_the_rows_once",
@@ -633,25 +650,23 @@ def test_the_retraction_example_keeps_the_layers_orthogonal():
     assert models.orthogonal.orthogonality_error(hidden) < 1e-5
 
 
-def test_the_engine_skeleton_registers_and_refuses_what_it_cannot_train(monkeypatch):
-    """The "Adding an engine" skeleton with the imports an engine file has: registered under its name, its option
-    a flag, its check refusing a model that is not a residual stack in one line."""
-    from gradengines.trainers.cli import base_parser
-    from gradengines.trainers.core import registry
-    from gradengines.trainers.core.engine import GradientEngine, StepOutput
-    from gradengines.trainers.core.options import option
-    from gradengines.trainers.core.protocols import ResidualStack, require
+def test_the_own_engine_block_is_the_example_package_and_keeps_the_contract():
+    """The README's sign_sgd.py is examples/sign_sgd/sign_sgd.py (the plugin package), and keeps the contract."""
+    code = example(SIGN_SGD)
+    assert code == (ROOT / "examples" / "sign_sgd" / "sign_sgd.py").read_text()
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - the README's example
+    ge.testing.check_engine(scope["SignSGD"](scale=0.5))
 
-    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))  # forgotten after the test
-    scope = {"dataclasses": dataclasses, "register_engine": registry.register_engine, "GradientEngine": GradientEngine,
-             "option": option, "require": require, "ResidualStack": ResidualStack, "StepOutput": StepOutput}
-    exec(example('@register_engine("myengine")'), scope)  # noqa: S102 - the README's example
-    engine = trainers.build_engine("myengine", k=3)
-    assert isinstance(engine, scope["MyEngine"]) and engine.options.k == 3
-    assert "--myengine-k" in base_parser("x").format_help()
-    engine.check(models.build("residual_mlp", in_features=4, out_features=2, depth=2, width=4))
-    with pytest.raises(trainers.IncompatibleModelError, match="trainer 'myengine' needs a residual stack"):
-        engine.check(models.build("mlp", in_features=4, out_features=2, depth=2, width=4))
+
+def test_the_users_engine_test_file_passes_in_pytest(tmp_path):
+    """The README's test_sign_sgd.py beside its sign_sgd.py, run by pytest as the README says: one test per
+    promise, all passing."""
+    write_sign_sgd(tmp_path)
+    (tmp_path / "test_sign_sgd.py").write_text(example("# test_sign_sgd.py"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_sign_sgd.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_datasets_example_trains_with_highway(tmp_path, monkeypatch):

@@ -77,7 +77,8 @@ def test_shared_settings_give_every_trainer_the_defaults(tmp_path):
     defaults = TrainConfig()
     assert (run["config"]["optimizer"], run["config"]["lr"], run["config"]["batch_size"]) == (
         defaults.optimizer, defaults.lr, defaults.batch_size)
-    assert run["settings"] == {"mode": "shared", "recipe": {}, "overridden": []}
+    assert run["settings"] == {"mode": "shared", "recipe": {}, "overridden": [],
+                               "engine": {"source": "built in", "class": "Pepita"}}
     assert "shared defaults" in (root / "compare-digits" / "summary.md").read_text()
 
 
@@ -122,7 +123,7 @@ def test_settings_table_lists_engine_options_and_sources():
 def test_a_diverging_trainer_is_recorded_and_the_others_finish(tmp_path, capsys):
     """One trainer's NaN loss does not end the comparison: the others finish, summary.md says
     which run stopped and why, and compare.py exits 1 with one line."""
-    from gradengines.trainers.core.registry import _ENGINES, register_engine
+    from gradengines.trainers.core.registry import register_engine
     from gradengines.trainers.engines.backprop import Backprop
 
     @register_engine("explodes")
@@ -133,15 +134,12 @@ def test_a_diverging_trainer_is_recorded_and_the_others_finish(tmp_path, capsys)
                 p.grad.mul_(1e38)
             return out
 
-    try:
-        root = tmp_path / "r"
-        stale = root / "compare-digits" / "explodes" / "seed0"
-        stale.mkdir(parents=True)
-        (stale / "result.json").write_text("{}")  # an earlier result must not pass for this run's
-        code = compare_main(["--trainers", "explodes,backprop", "--logdir", str(root), *QUICK,
-                             "--optimizer", "sgd", "--momentum", "0"])
-    finally:
-        del _ENGINES["explodes"]
+    root = tmp_path / "r"  # "explodes" is forgotten after the test (tests/conftest.py)
+    stale = root / "compare-digits" / "explodes" / "seed0"
+    stale.mkdir(parents=True)
+    (stale / "result.json").write_text("{}")  # an earlier result must not pass for this run's
+    code = compare_main(["--trainers", "explodes,backprop", "--logdir", str(root), *QUICK,
+                         "--optimizer", "sgd", "--momentum", "0"])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "1 run(s) stopped on a non-finite loss (explodes seed 0)" in err
     assert not (stale / "result.json").exists() and json.loads((stale / "failed.json").read_text())["seed"] == 0

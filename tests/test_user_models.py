@@ -148,7 +148,7 @@ def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, ca
     note = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: compared")]
     assert note == ["note: compared backprop, brsf, dfa, fa, fgrad, fgrad_act, frsf, mezo, usf: every trainer this "
                     "model allows; left out: "
-                    "dsf, ftbptt (need a model with recurrent layers); foton, pepita (need a layer stack h_l = "
+                    "dsf, ftbptt, tbptt (need a model with recurrent layers); foton, pepita (need a layer stack h_l = "
                     "act(A_l h_{l-1} + b_l) with adjoint-capable A_l); highway (needs a residual stack) (--trainers "
                     "NAME says the whole reason)"]
     assert compare_main(["--model", f"{user_file}:Net", "--trainers", "foton", "--steps", "5", "--seeds", "0",

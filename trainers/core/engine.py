@@ -47,6 +47,8 @@ import torch
 import torch.nn as nn
 
 from gradengines.models.adapters.calling import own_copy
+from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.trainers.core.errors import out_of_memory
 from gradengines.trainers.core.options import as_dict, parse_options
 from gradengines.trainers.core.replicas import average_over_replicas, sync_buffers, unwrap
 from gradengines.trainers.core.threads import threads_for_api
@@ -87,7 +89,18 @@ def _checked_first(compute_grads):
         if replicas is not None:
             sync_buffers(replicas)
         self.prepare(model, inputs, targets, loss_fn)
-        out = compute_grads(self, model, inputs, targets, loss_fn)
+        stepped = self.__dict__.setdefault("_stepped_models", weakref.WeakSet())
+        if model in stepped or type(self).__module__.startswith("gradengines."):
+            out = compute_grads(self, model, inputs, targets, loss_fn)
+        else:  # an engine from outside, its first batch: a failure in its arithmetic is one line, as a self-check's
+            try:
+                out = compute_grads(self, model, inputs, targets, loss_fn)
+            except Exception as err:
+                if type(err).__module__.startswith("gradengines.") or out_of_memory(err):
+                    raise  # the framework's own errors say it all already; memory is the run's to report
+                raise ModelConfigError(f"trainer '{self.name}' fails on this model's first batch ({one_line(err)}): "
+                                       f"it cannot train {type(model).__name__} as it is") from err
+            stepped.add(model)
         if replicas is not None:
             average_over_replicas(replicas, [p for _, p in trainable_parameters(model)])
         return out
@@ -99,15 +112,16 @@ class GradientEngine:
     ``compute_grads`` runs ``prepare`` (``check``, ``first_batch_check``) on a model it has not seen before."""
 
     name: ClassVar[str] = ""
-    """The engine's name (flags ``--<name>-<option>``, run folders, logs): a subclass's own ``name`` attribute, else
-    its class name lower-cased, or the name it is registered under (``trainers.core.registry``)."""
+    """The engine's name (flags ``--<name>-<option>``, run folders, logs): its ``name`` attribute (its own, or that of
+    the engine it extends), else its class name lower-cased; or the name it is registered under
+    (``trainers.core.registry``)."""
     name_given: ClassVar[bool] = False
     """Whether the class set ``name`` itself (a registration under another name is then refused)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.name_given = "name" in vars(cls)
-        if not cls.name_given:
+        if not cls.name:  # neither it nor an engine it extends is named
             cls.name = cls.__name__.lower()
         if "compute_grads" in vars(cls):
             cls.compute_grads = _checked_first(vars(cls)["compute_grads"])  # type: ignore[method-assign]

@@ -9,15 +9,16 @@ An engine is named in one of three ways, wherever a trainer is named (``build_en
 * a ``GradientEngine`` subclass: ``build_engine(MyRule, lr=0.1)``;
 * a reference, ``path/to/file.py:Class`` or ``package.module:Class`` (as ``--model`` takes a model).
 
-A class or reference is registered the first time it is named, so from then on it is a name like the built-ins'
-(run folders, flags ``--<name>-<option>``, recipes, tuning, the HParams table). Its name is its own ``name``
-attribute, else its class name lower-cased (an entry point's name must agree). Registering checks what the command
-line needs, each failure one ``ConfigError`` line: a ``GradientEngine`` subclass with its own ``compute_grads``; a
-name of lower-case letters, digits and ``_``, held by no other engine (a clash names both); an ``Options``
-dataclass whose every field has a default and a type a flag can give (int, float, str, bool, ``Literal``, or one of
-them ``| None``); a ``recipe`` (``trainers.experiments.recipes``) whose keys are training or engine options, each
-``(value, source)``. ``engine_origin(name)`` says where an engine came from (built in; a file and its sha256; a
-module, its file's sha256 and its distribution's version; an installed plugin), as a comparison records it.
+A class or reference is registered the first time it is named, so from then on it is a name like the built-ins' (run
+folders, flags ``--<name>-<option>``, recipes, tuning, the HParams table). Its name is its ``name`` attribute (its
+own or inherited), else its class name lower-cased (an entry point's name must agree with one it sets). Registering
+checks what the command line needs, each failure one ``ConfigError`` line: a ``GradientEngine`` subclass with its
+own ``compute_grads``; a name of lower-case letters, digits, ``_`` and ``-``, held by no other engine (a clash names
+both); an ``Options`` dataclass whose every field has a default and a type a flag can give (int, float, str, bool,
+``Literal``, or one of them ``| None``); a ``recipe`` (``trainers.experiments.recipes``) whose keys are training or
+engine options, each ``(value, source)``. ``engine_origin(name)`` says where an engine came from (built in; a file
+and its sha256; a module, its file's sha256 and its distribution's version; an installed plugin), as a comparison
+records it.
 """
 
 import dataclasses
@@ -45,12 +46,13 @@ FLAG_TYPES = (int, float, str, bool)
 _ENGINES: dict[str, type[GradientEngine]] = {}
 _ORIGINS: dict[str, dict[str, str]] = {}
 _PLUGINS: list[bool] = []  # [True] once the entry points were read
-_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 def engine_name(cls: type[GradientEngine]) -> str:
-    """An engine class's name: its own ``name`` attribute (not one inherited from a built-in it extends), else its
-    class name lower-cased (``GradientEngine.__init_subclass__``), or the name it was registered under."""
+    """An engine class's name: its ``name`` attribute (its own or that of the engine it extends: a subclass of a
+    built-in that sets none clashes with it, and is told so), else its class name lower-cased
+    (``GradientEngine.__init_subclass__``); or the name it was registered under."""
     return cls.name
 
 
@@ -141,8 +143,8 @@ def _register(cls: Any, origin: dict[str, str] | None = None, *, name: str | Non
     if _ENGINES.get(name) is cls:
         return name
     if not _NAME.fullmatch(name):
-        raise ConfigError(f"engine name {name!r} ({shown}) must be lower-case letters, digits and _, starting with a "
-                          f"letter (it names flags, --{name}-<option>, and run folders)")
+        raise ConfigError(f"engine name {name!r} ({shown}) must be lower-case letters, digits, _ and -, starting "
+                          f"with a letter (it names flags, --{name}-<option>, and run folders)")
     origin = origin or _origin(cls)
     if name in _ENGINES:
         raise ConfigError(f"two engines are named '{name}': {_describe(_ORIGINS[name])} and "

@@ -143,8 +143,9 @@ def check_recipe(trainer: str) -> None:
     options = {f.name for f in dataclasses.fields(cls.Options)}
     unknown = sorted(set(recipe) - training - options)
     if unknown:
-        raise ConfigError(f"engine '{trainer}': recipe key '{unknown[0]}' is neither a training option "
-                          f"({', '.join(sorted(training)[:4])}, ...) nor one of its Options")
+        raise ConfigError(f"engine '{trainer}': recipe key '{unknown[0]}' is neither a training option (optimizer, "
+                          f"lr, momentum, weight_decay, batch_size, ...: gradengines.TrainConfig) nor one of its "
+                          f"Options ({', '.join(sorted(options)) or 'it has none'})")
     try:
         parse_options(TrainConfig, {k: v for k, (v, _) in recipe.items() if k in training})
         parse_options(cls.Options, {k: v for k, (v, _) in recipe.items() if k in options})

@@ -133,6 +133,7 @@ class RunDirectory:
         self.path = Path(path)
         self.checkpoint, self.previous = self.path / CHECKPOINT, self.path / PREVIOUS
         self._lock_fd = None
+        self._made: list[Path] = []  # the folders acquire() made, deepest first
         self._newest_damaged = False  # load() fell back: the next save replaces the newest, keeps the previous
 
     # ------------------------------------------------------------------ lock
@@ -141,6 +142,7 @@ class RunDirectory:
         naming the path and what to do if the disk refuses (full, read-only, not writable): then the lock and the
         folders this call made are removed again, so that a refusal leaves nothing behind."""
         made = [p for p in (self.path, *self.path.parents) if not p.exists()]  # deepest first
+        self._made = made
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -184,6 +186,17 @@ class RunDirectory:
             undo()
             raise _cannot_write(err, lock) from None
         self._lock_fd = fd
+
+    def discard(self) -> None:
+        """After ``release``: remove what a run refused on its first batch wrote (its log files and lock, and the
+        folders ``acquire`` made), where ``acquire`` made the run's folder itself and no checkpoint is in it."""
+        made = self._made
+        if self.path not in made or self.checkpoint.exists() or self.previous.exists():
+            return
+        for path in self.path.iterdir():
+            if path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+        _remove_empty(made)
 
     def release(self) -> None:
         if self._lock_fd is not None:

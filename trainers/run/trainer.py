@@ -360,9 +360,14 @@ class Trainer:
                 self.finished_before = True
                 return found
             return self._fit(total, resumed=found)
+        except ModelConfigError:
+            refused_at_start = verdict == ("fresh", None) and self.step == 0
+            raise
         finally:
             if self.files is not None:
                 self.files.release()
+                if locals().get("refused_at_start"):
+                    self.files.discard()
 
     @property
     def scheduler(self):
