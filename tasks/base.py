@@ -72,6 +72,23 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return hits.sum().double() / counted.sum().clamp_min(1).double()
 
 
+def per_example(metric_name: str, loss_fn, outputs: torch.Tensor, targets: torch.Tensor):
+    """Each example's share of a split's metric, ``(values, counts)`` of shape ``(B,)``: its correct counted
+    targets (accuracy) or its summed token cross-entropy (perplexity: ``exp(sum values / sum counts)``), and its
+    counted targets; what a paired comparison over examples reads. None where the loss is not the cross-entropy
+    of logits whose last dimension is the classes (a perplexity of another loss has no per-example share)."""
+    counted = targets != IGNORE_INDEX
+    rows = targets.shape[0]
+    if metric_name == "accuracy":
+        hits = (outputs.argmax(dim=-1) == targets) & counted
+        return hits.reshape(rows, -1).sum(1).double(), counted.reshape(rows, -1).sum(1).double()
+    if loss_fn not in (cross_entropy_loss, sequence_cross_entropy) or outputs.shape[:-1] != targets.shape:
+        return None
+    nll = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]).double(), targets.reshape(-1),
+                          ignore_index=IGNORE_INDEX, reduction="none")
+    return nll.reshape(rows, -1).sum(1), counted.reshape(rows, -1).sum(1).double()
+
+
 def label_range(targets: torch.Tensor) -> tuple[int, int] | None:
     """(smallest, largest) counted target (``IGNORE_INDEX`` skipped), None when none is counted."""
     counted = targets[targets != IGNORE_INDEX]

@@ -270,7 +270,7 @@ def _timed(seed, end_ms, evals, ratio=(1.0, 1.0, 1.0), test=None, steps=10, keys
 
 def test_an_equal_time_word_must_survive_the_timings_spread():
     """fa is ahead at its timed ratio; with its step 2x dearer (the top of the ratio's interval) only its half-way
-    evaluation falls within the horizon and it is behind: the word does not survive, so within noise, margin
+    evaluation falls within the horizon and it is behind: the word does not survive, so undecided, margin
     said. With an interval of 0.95..1.05 the word holds and the line says for which ratios. A timing recorded
     before the interval existed is read with its rounds' min..max."""
     from gradengines.trainers.experiments.summary import verdict_lines
@@ -284,7 +284,7 @@ def test_an_equal_time_word_must_survive_the_timings_spread():
     lines, words = verdict_lines(results((0.5, 2.0)), "accuracy", "backprop", True)
     samples, time = lines[1], lines[3]
     assert "ahead of backprop at equal samples" in samples and words == {"fa": "ahead"}
-    assert "within noise of backprop at equal compute time" in time
+    assert "undecided against backprop at equal compute time" in time
     # at ratio 0.5 fa is the shortest run and backprop has no evaluation within its horizon
     assert "ahead at the timed ratio 1.000, but not compared at ratio 0.500; behind at ratio 2.000, within step " \
            "ratios 0.500..2.000 (the 95% interval of the timed median;" in time
@@ -305,7 +305,7 @@ def _at_threads(run, n, ratio):
 
 def test_an_equal_time_word_must_hold_at_the_other_thread_count_too():
     """The ratios move with the thread count (FOTON 1.25 at 1 thread, 0.93 at 2 on the default comparison): fa
-    ahead at its own timing (0.95..1.05) but 2x dearer at 1 thread is within noise, naming the thread count; at
+    ahead at its own timing (0.95..1.05) but 2x dearer at 1 thread is undecided, naming the thread count; at
     1 thread within 0.96..1.04 the word holds and both ranges are said."""
     from gradengines.trainers.experiments.summary import verdict_lines
 
@@ -316,7 +316,7 @@ def test_an_equal_time_word_must_hold_at_the_other_thread_count_too():
         return {"backprop": bp, "fa": fa}
 
     lines, _ = verdict_lines(results((2.0, 1.9, 2.1)), "accuracy", "backprop", True)
-    assert "within noise of backprop at equal compute time" in lines[3]
+    assert "undecided against backprop at equal compute time" in lines[3]
     assert "but behind at ratio 1.900 at 1 thread, 2.100 at 1 thread, within step ratios 0.950..1.050, " \
            "1.900..2.100 at 1 thread" in lines[3]
     lines, _ = verdict_lines(results((1.0, 0.96, 1.04)), "accuracy", "backprop", True)
@@ -327,7 +327,7 @@ def test_an_equal_time_word_must_hold_at_the_other_thread_count_too():
 def test_an_equal_time_word_must_hold_wherever_the_horizon_run_timing_puts_the_horizon():
     """foton sets the horizon (the shortest run); at the low end of its ratio's interval the horizon halves, and
     there fa is behind where at the timed horizon it is ahead: fa's own timing is exact, yet its word falls to
-    within noise (the horizon moved); with foton's interval tight the word holds."""
+    undecided (the horizon moved); with foton's interval tight the word holds."""
     from gradengines.trainers.experiments.summary import verdict_lines
 
     def results(foton_low):
@@ -339,7 +339,7 @@ def test_an_equal_time_word_must_hold_wherever_the_horizon_run_timing_puts_the_h
     lines, _ = verdict_lines(results(0.5), "accuracy", "backprop", True)
     fa_line = next(x for x in lines[lines.index(next(x for x in lines if x.startswith("At equal compute"))):]
                    if x.startswith("- **fa**"))
-    assert "within noise of backprop at equal compute time" in fa_line and "but behind at ratio 1.000" in fa_line
+    assert "undecided against backprop at equal compute time" in fa_line and "but behind at ratio 1.000" in fa_line
     lines, _ = verdict_lines(results(0.99), "accuracy", "backprop", True)
     fa_line = next(x for x in lines[lines.index(next(x for x in lines if x.startswith("At equal compute"))):]
                    if x.startswith("- **fa**"))
@@ -347,16 +347,16 @@ def test_an_equal_time_word_must_hold_wherever_the_horizon_run_timing_puts_the_h
 
 
 def test_where_validation_and_test_disagree_the_summary_says_so():
-    """Validation within noise, test clearly behind: one sentence names both readings; agreement: nothing."""
+    """Validation undecided, test clearly behind: one sentence names both readings; agreement: nothing."""
     from gradengines.trainers.experiments.summary import disagreement_lines
     from gradengines.trainers.experiments.verdict import Units
 
     results = {"backprop": [_timed(s, 100.0, {10: 0.9}, test=0.90 + 0.01 * s) for s in range(3)],
                "dfa": [_timed(s, 100.0, {10: 0.9}, test=0.87 + 0.01 * s + 0.001 * (s == 2)) for s in range(3)]}
     units = Units(179, "examples", "val"), Units(359, "examples", "test")
-    lines = disagreement_lines(results, "accuracy", "backprop", True, {"dfa": "within noise"}, *units)
+    lines = disagreement_lines(results, "accuracy", "backprop", True, {"dfa": "undecided"}, *units)
     assert lines[0].startswith("Where the two readings disagree (they read different splits, 179 vs 359 examples")
-    assert lines[1].startswith("- **dfa**: within noise at equal samples on validation, behind on test")
+    assert lines[1].startswith("- **dfa**: undecided at equal samples on validation, behind on test")
     assert disagreement_lines(results, "accuracy", "backprop", True, {"dfa": "behind"}, *units) == []
 
 

@@ -28,7 +28,8 @@ def _scipy_stats():
     return stats
 
 
-__all__ = ["Summary", "Paired", "summarize", "paired_test", "holm", "median_interval", "CONFIDENCE"]
+__all__ = ["Summary", "Paired", "Bootstrap", "summarize", "paired_test", "paired_interval", "hierarchical_bootstrap",
+           "holm", "median_interval", "CONFIDENCE"]
 
 CONFIDENCE = 0.95
 
@@ -92,6 +93,62 @@ def paired_test(x: dict[int, float], reference: dict[int, float]) -> Paired | No
     t_dist = _scipy_stats().t
     half = float(t_dist.ppf(0.5 + CONFIDENCE / 2, df)) * se
     return Paired(len(d), mean, mean - half, mean + half, t, float(2.0 * t_dist.sf(abs(t), df)))
+
+
+def paired_interval(paired: Paired, confidence: float) -> tuple[float, float]:
+    """The ``confidence`` interval of a paired test's mean difference (the 90% one of an equivalence test: two
+    one-sided tests at 5%, Schuirmann 1987); an interval of zero width where every seed differs alike."""
+    if paired.t is None or paired.low is None or paired.high is None:
+        return paired.difference, paired.difference
+    t_dist = _scipy_stats().t
+    df = paired.n - 1
+    half = (paired.high - paired.low) / 2 * float(t_dist.ppf(0.5 + confidence / 2, df)
+                                                   / t_dist.ppf(0.5 + CONFIDENCE / 2, df))
+    return paired.difference - half, paired.difference + half
+
+
+class Bootstrap(NamedTuple):
+    """A trainer against the reference from every seed and every example: the observed difference of the metric
+    (mean over seeds), its 95% and 90% percentile intervals, the bootstrap's two-sided p-value (at least
+    1 / draws), the seeds and the examples per seed."""
+
+    difference: float
+    low: float
+    high: float
+    low90: float
+    high90: float
+    p: float
+    seeds: int
+    examples: int
+
+
+def hierarchical_bootstrap(other: list[tuple], reference: list[tuple], draws: int = 2000,
+                           seed: int = 0) -> Bootstrap:
+    """Two-level bootstrap of a paired difference (Davison & Hinkley 1997, Sec. 3.8): ``other`` and
+    ``reference`` hold, per seed (the same seeds in the same order), ``(values, counts)`` of the same examples
+    (``tasks.base.per_example``); a seed's metric is sum(values) / sum(counts) (accuracy, or the mean token loss
+    whose exp is the perplexity). Each draw resamples the seeds, then within each the examples, the same examples
+    for both trainers (paired): the training's randomness and the test sample's, both. The p-value is twice the
+    smaller tail of the draws beyond 0."""
+    import numpy as np
+
+    if len(other) != len(reference) or not other:
+        raise ValueError("hierarchical_bootstrap: the same seeds on both sides, at least one")
+    rng = np.random.default_rng(seed)
+    per_seed, observed = [], []
+    for (ov, oc), (rv, rc) in zip(other, reference, strict=True):
+        ov, oc, rv, rc = (np.asarray(a, dtype=np.float64) for a in (ov, oc, rv, rc))
+        if not len(ov) == len(rv) == len(oc) == len(rc) or not len(ov):
+            raise ValueError("hierarchical_bootstrap: each seed's outcomes must cover the same examples")
+        observed.append(ov.sum() / oc.sum() - rv.sum() / rc.sum())
+        rows = rng.integers(0, len(ov), size=(draws, len(ov)))
+        per_seed.append(ov[rows].sum(1) / oc[rows].sum(1) - rv[rows].sum(1) / rc[rows].sum(1))
+    seeds = rng.integers(0, len(other), size=(draws, len(other)))
+    boot = np.take_along_axis(np.stack(per_seed, 1), seeds, 1).mean(1)
+    low, high, low90, high90 = (float(q) for q in np.quantile(boot, [0.025, 0.975, 0.05, 0.95]))
+    tail = min(float((boot <= 0).mean()), float((boot >= 0).mean()))
+    return Bootstrap(float(np.mean(observed)), low, high, low90, high90, max(min(1.0, 2 * tail), 1 / draws),
+                     len(other), len(other[0][0]))
 
 
 def holm(pvalues: list[float]) -> list[float]:

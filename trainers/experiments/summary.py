@@ -16,7 +16,9 @@ verdict is recomputed with the trainer's compute time scaled to either end of th
 median ratio (``trainers.experiments.stats.median_interval`` over the timing's rounds) and the other runs' to
 either end of theirs (they set the horizon), under the runs' own thread count and, on a CPU, the other end of the
 machine's thread range (``step_timing``: the ratios move with the thread count); a word that changes there
-becomes "within noise", the margin said.
+becomes "undecided", the margin said. Where no difference is established, the words are "equivalent" (within a
+stated margin, ``trainers.experiments.verdict.MARGINS``) or "undecided" (with how many seeds would decide it),
+never a claim that the difference is small when the interval does not show it.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from typing import NamedTuple
 
 from gradengines.trainers.experiments.recipes import SHARED_SETTINGS
 from gradengines.trainers.experiments.results import experiment_failures, pivot_cells
-from gradengines.trainers.experiments.stats import Paired, holm, paired_test, summarize
+from gradengines.trainers.experiments.stats import Paired, hierarchical_bootstrap, holm, paired_test, summarize
 from gradengines.trainers.experiments.tuning import trial_name, tuning_caveats
 from gradengines.trainers.experiments.verdict import (
     ALPHA,
     TARGET_FRACTION,
     Units,
+    bootstrap_line,
     default_target,
     family_p,
     is_exact,
@@ -40,12 +43,13 @@ from gradengines.trainers.experiments.verdict import (
     verdict_line,
     verdict_word,
 )
+from gradengines.trainers.experiments.verdict import margin as margin_of
 from gradengines.trainers.run.checkpoint import write_text_atomic
 from gradengines.trainers.run.trainer import eval_subset
 
 __all__ = ["write_summary", "summary_table", "alignment_table", "verdict_lines", "time_to_target_table", "timing_table",
-           "settings_table", "engine_origins", "failure_notes", "model_text", "mean_std", "disagreement_lines",
-           "pivot_table"]
+           "settings_table", "engine_origins", "example_verdict_lines", "failure_notes", "model_text", "mean_std",
+           "disagreement_lines", "pivot_table"]
 
 
 def mean_std(values: list[float]) -> str:
@@ -191,6 +195,11 @@ class _Test(NamedTuple):
     missing: list[str]  # runs with no validation within the horizon
 
 
+def _is_backprop(results, run: str) -> bool:
+    """Whether ``run`` trained with backprop (the engine every logged gradient cosine is measured against)."""
+    return results[run][0]["report"].get("trainer") == "backprop"
+
+
 def _verdict_tests(results, reference, horizon: _Horizon) -> list[_Test]:
     tests = []
     ref = horizon.best[reference]
@@ -198,7 +207,8 @@ def _verdict_tests(results, reference, horizon: _Horizon) -> list[_Test]:
         if run == reference:
             continue
         mine = horizon.best[run]
-        exact = is_exact([r["history"] for r in results[run]])
+        # exact: equal to the reference's gradient, which the logged cosines (against backprop) say only of backprop
+        exact = _is_backprop(results, reference) and is_exact([r["history"] for r in results[run]])
         missing = [name for name, v in ((reference, ref), (run, mine)) if not v]
         tests.append(_Test(run, None if missing else paired_test(mine, ref), exact, missing))
     return tests
@@ -247,7 +257,7 @@ def _margin_note(results, metric, reference, higher_better, family: list[_Test],
     if test.run not in ratios or test.paired is None:
         return "", True
     nominal = verdict_word(test.paired, _adjusted_for(family, test, test.paired), higher_better)
-    if nominal not in ("ahead", "behind"):  # within noise already: no margin can make it a difference
+    if nominal not in ("ahead", "behind"):  # no difference established: no margin can make it one
         return "", True
     changes: dict[str, list[str]] = {}
     for setting in settings:
@@ -314,13 +324,43 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, h
             if key == "compute_ms" and not test.exact:
                 margin, holds = _margin_note(results, metric, reference, higher_better, family, test)
             adjusted = _adjusted_for(family, test, test.paired)
+            within = margin_of(metric, list(horizons[key].best[reference].values()) or [1.0])
             line = verdict_line(test.run, reference, test.paired, f"validation {metric}", higher_better,
                                 exact=test.exact, where=where, adjusted=adjusted, family=m, units=units,
-                                holds=holds, margin=margin)
+                                holds=holds, margin=margin, within=within)
             lines.append(line)
             if key == "samples":
-                words[test.run] = "exact" if test.exact else verdict_word(test.paired, adjusted, higher_better)
+                words[test.run] = "exact" if test.exact else verdict_word(test.paired, adjusted, higher_better,
+                                                                           within)
     return lines, words
+
+
+def example_verdict_lines(results: dict[str, list[dict]], metric: str, reference: str) -> list[str]:
+    """Each run against the reference on the test split of its best-validation model, from every seed and every
+    test example (``result.json``'s ``test_outcomes``; a hierarchical bootstrap over seeds and examples, one
+    Holm family): the three words (``verdict.bootstrap_word``). Empty where a run has no per-example outcomes
+    (several processes, or a loss with no per-example share) or shares no seed with the reference."""
+    def outcomes(run):
+        return {r["report"]["config"]["seed"]: r["report"].get("test_outcomes") for r in results[run]}
+
+    if reference not in results or metric not in ("accuracy", "perplexity"):
+        return []
+    ref = outcomes(reference)
+    boots = {}
+    for run in results:
+        mine = outcomes(run)
+        seeds = sorted(s for s in set(mine) & set(ref) if mine[s] and ref[s]
+                       and len(mine[s]["values"]) == len(ref[s]["values"]))
+        if run == reference or not seeds:
+            continue
+        boots[run] = hierarchical_bootstrap([(mine[s]["values"], mine[s]["counts"]) for s in seeds],
+                                            [(ref[s]["values"], ref[s]["counts"]) for s in seeds])
+    if not boots:
+        return []
+    adjusted = dict(zip(boots, holm([b.p for b in boots.values()]), strict=True))
+    return ["The test split of each run's best-validation model, from every seed and every test example (a "
+            "hierarchical bootstrap: seeds, then examples, paired; 2,000 draws; Holm over the family):",
+            *(bootstrap_line(run, reference, b, metric, adjusted[run], len(boots)) for run, b in boots.items())]
 
 
 def disagreement_lines(results, metric, reference, higher_better, verdict_words: dict[str, str],
@@ -334,7 +374,8 @@ def disagreement_lines(results, metric, reference, higher_better, verdict_words:
         paired = pairs.get(run)
         if word in ("exact", "one seed") or paired is None or paired.n < 2:
             continue
-        table_word = verdict_word(paired, adjusted.get(run), higher_better)
+        reference_test = [r["report"]["test"][metric] for r in results[reference] if r["report"].get("test")]
+        table_word = verdict_word(paired, adjusted.get(run), higher_better, margin_of(metric, reference_test or [1.0]))
         if table_word == word:
             continue
         p = "" if paired.p is None else f", p = {paired.p:.3g}, Holm {adjusted[run]:.3g}"
@@ -516,10 +557,12 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
             f"{metric} within the horizon every run reached, paired against {reference} "
             f"({'; '.join(u.describe() for u in (val_units,) if u) or 'the validation split'}). The results table "
             "below reads test: the best-validation model of each whole run. Each is one family of paired t-tests "
-            f"corrected by Holm's method: ahead or behind only where the adjusted p < {ALPHA:g}.\n\n"
+            f"corrected by Holm's method: ahead or behind only where the adjusted p < {ALPHA:g}; equivalent where "
+            "the difference's 90% interval lies inside the stated margin; undecided otherwise.\n\n"
             + "\n".join(verdict) + "\n\n"
             + ("\n".join(disagree) + "\n\n" if disagree else ""))
-    parts.append(f"## Results\n\n{table}\n")
+    examples = example_verdict_lines(results, metric, reference) if reference else []
+    parts.append(f"## Results\n\n{table}\n" + ("\n" + "\n".join(examples) + "\n" if examples else ""))
     aligned = alignment_table(results)
     if aligned:
         parts.append("## Alignment of the feedback with the forward weights\n\nPer covered layer, the angle between "

@@ -4,25 +4,67 @@
   the target (default: ``TARGET_FRACTION`` of the reference's best validation metric, mean over
   its seeds; for perplexity, ``1 / TARGET_FRACTION`` times it), or "not reached".
 * Verdict: per trainer, a metric against the reference's over the seeds both ran, by a paired t-test
-  (``trainers.experiments.stats``): ahead or behind when its p-value, adjusted by Holm's method over the
-  comparisons of one summary (``trainers.experiments.summary``), is below ``ALPHA``, within noise otherwise;
-  a trainer whose gradient equals the reference's (every logged gradient cosine against backprop within
-  ``EXACT_COSINE`` of 1) is reported as exact, not as a tie by chance.
+  (``trainers.experiments.stats``), in one of three words, never another:
+  *ahead* or *behind* when its p-value, adjusted by Holm's method over the comparisons of one summary
+  (``trainers.experiments.summary``), is below ``ALPHA`` (the difference is established);
+  *equivalent* within a stated margin (``margin``: one example per hundred of accuracy, 1% of the reference's
+  perplexity) when the 90% interval of the difference lies inside +-margin (two one-sided tests at 5%,
+  Schuirmann 1987: the difference is established to be small);
+  *undecided* otherwise, with the interval and about how many seeds would decide it at the observed spread.
+  A trainer whose gradient equals backprop's (every logged gradient cosine against backprop within
+  ``EXACT_COSINE`` of 1) is reported as exact, not as a tie by chance, where the reference is backprop; against
+  another reference it is judged as any trainer.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import NamedTuple
 
-from gradengines.trainers.experiments.stats import CONFIDENCE, Paired
+from gradengines.trainers.experiments.stats import CONFIDENCE, Bootstrap, Paired, paired_interval
 
-__all__ = ["TARGET_FRACTION", "EXACT_COSINE", "ALPHA", "Units", "default_target", "time_to_target", "is_exact",
-           "family_p", "verdict_word", "verdict_line"]
+__all__ = ["TARGET_FRACTION", "EXACT_COSINE", "ALPHA", "MARGINS", "Units", "default_target", "time_to_target",
+           "is_exact", "family_p", "margin", "equivalent", "seeds_to_decide", "verdict_word", "verdict_line",
+           "bootstrap_word", "bootstrap_line", "LOSS_MARGIN"]
 
 ALPHA = round(1 - CONFIDENCE, 10)  # a difference is called ahead or behind below this (Holm-adjusted) p
 TARGET_FRACTION = 0.95
 EXACT_COSINE = 1e-6
+MARGINS = {"accuracy": 0.01, "perplexity": 0.01}
+"""The equivalence margin of each metric: an accuracy difference of one example per hundred; for perplexity, 1% of
+the reference's (``margin``)."""
+
+
+def margin(metric: str, reference_values: list[float]) -> float:
+    """The equivalence margin of a difference of ``metric`` (``MARGINS``), in the metric's units."""
+    name = metric.split()[-1]
+    if name == "perplexity":
+        return MARGINS["perplexity"] * statistics.fmean(reference_values)
+    return MARGINS.get(name, MARGINS["accuracy"])
+
+
+LOSS_MARGIN = math.log1p(MARGINS["perplexity"])
+"""A perplexity compared from every example is compared as its mean token loss: 1% of perplexity is
+log(1.01) nats of loss."""
+
+
+def equivalent(paired: Paired, within: float) -> bool:
+    """Whether the 90% interval of the paired difference lies inside (-within, within)."""
+    low, high = paired_interval(paired, 1 - 2 * ALPHA)
+    return -within < low and high < within
+
+
+def seeds_to_decide(paired: Paired, within: float | None) -> int | None:
+    """About how many seeds would decide an undecided comparison at the observed spread: the interval's half-width
+    shrinks as 1 / sqrt(seeds), until it excludes 0 (a difference) or fits inside +-within (equivalence);
+    None where nothing can be estimated (no spread, or a difference of exactly 0 with no margin)."""
+    if paired.low is None or paired.high is None or paired.t is None:
+        return None
+    half = (paired.high - paired.low) / 2
+    gaps = [abs(paired.difference)] + ([within - abs(paired.difference)] if within else [])
+    needed = [paired.n * (half / gap) ** 2 for gap in gaps if gap > 0]
+    return max(paired.n + 1, math.ceil(min(needed))) if needed else None
 
 
 def default_target(reference_best: list[float], higher_better: bool, fraction: float = TARGET_FRACTION) -> float:
@@ -75,26 +117,32 @@ def family_p(paired: Paired | None) -> float | None:
     return paired.p
 
 
-def verdict_word(paired: Paired | None, adjusted: float | None, higher_better: bool) -> str:
-    """ahead, behind or within noise (the adjusted p against ``ALPHA``); not compared, one seed."""
+def verdict_word(paired: Paired | None, adjusted: float | None, higher_better: bool,
+                 within: float | None = None) -> str:
+    """ahead or behind (the adjusted p against ``ALPHA``), equivalent (within +-``within``), else undecided; not
+    compared, one seed."""
     if paired is None:
         return "not compared"
     if paired.n < 2:
         return "one seed"
     p = family_p(paired) if adjusted is None else adjusted
-    if p is None or p >= ALPHA:
-        return "within noise"
-    better = paired.difference > 0 if higher_better else paired.difference < 0
-    return "ahead" if better else "behind"
+    if p is not None and p < ALPHA:
+        better = paired.difference > 0 if higher_better else paired.difference < 0
+        return "ahead" if better else "behind"
+    if within is not None and equivalent(paired, within):
+        return "equivalent"
+    return "undecided"
 
 
 def verdict_line(trainer: str, reference: str, paired: Paired | None, metric: str, higher_better: bool,
                  exact: bool = False, where: str = "at equal samples", adjusted: float | None = None,
-                 family: int = 1, units: Units | None = None, holds: bool = True, margin: str = "") -> str:
+                 family: int = 1, units: Units | None = None, holds: bool = True, margin: str = "",
+                 within: float | None = None) -> str:
     """One Markdown bullet: ``trainer`` against ``reference`` on ``metric``. ``adjusted``: the Holm-adjusted p
     in a ``family`` of that many comparisons (None: the raw p); ``units``: the split's count, to say the
     difference in examples or tokens; ``holds`` False: the word does not survive ``margin`` (the step timing's
-    spread), so within noise; a ``margin`` that holds is said too."""
+    spread), so undecided; a ``margin`` that holds is said too; ``within``: the equivalence margin. ``exact``:
+    the reference is backprop and the trainer's gradient equals it in every logged check."""
     if exact:
         return (f"- **{trainer}**: exact in every logged check, its gradient equals {reference}'s (every logged "
                 f"gradient cosine within {EXACT_COSINE:g} of 1; a measurement at the logged steps, not a proof: an "
@@ -116,15 +164,56 @@ def verdict_line(trainer: str, reference: str, paired: Paired | None, metric: st
     p = family_p(paired) if adjusted is None else adjusted
     if family > 1 and adjusted is not None:
         interval += f", Holm-adjusted p = {adjusted:.3g} over {family} comparisons"
-    word = verdict_word(paired, adjusted, higher_better)
+    word = verdict_word(paired, adjusted, higher_better, within)
     detail = f"{diff} {metric}{counted} ({interval}, n = {paired.n} seeds"
     if word in ("ahead", "behind") and holds:
         return (f"- **{trainer}**: {'ahead of' if word == 'ahead' else 'behind'} {reference} {where}: {detail}"
                 f"{f'; {margin}' if margin else ''}).")
+    if word == "equivalent" and holds:
+        low, high = paired_interval(paired, 1 - 2 * ALPHA)
+        return (f"- **{trainer}**: equivalent to {reference} {where} within ±{within:.4g} {metric} (its 90% "
+                f"interval [{low:+.4f}, {high:+.4f}] lies inside: two one-sided tests at {ALPHA:g}): {detail}).")
     if not holds:
         why = margin
     elif paired.low is not None and paired.low <= 0 <= paired.high:
-        why = "the interval includes 0"
+        why = "the interval includes 0" + (f" and reaches beyond ±{within:.4g}" if within is not None else "")
     else:
         why = f"the interval excludes 0, but not after the correction for {family} comparisons (p {p:.3g} >= {ALPHA:g})"
-    return f"- **{trainer}**: within noise of {reference} {where}: {detail}; {why})."
+    seeds = seeds_to_decide(paired, within) if holds else None  # the timing's spread is not the seeds'
+    more = f"; at this spread about {seeds} seeds would decide it" if seeds is not None else ""
+    return f"- **{trainer}**: undecided against {reference} {where}: {detail}; {why}{more})."
+
+
+def bootstrap_word(boot: Bootstrap, adjusted: float, higher_better: bool, within: float) -> str:
+    """The three words (module docstring) from a hierarchical bootstrap: ahead or behind where the Holm-adjusted
+    bootstrap p is below ``ALPHA``; equivalent where its 90% interval lies inside +-``within``; else undecided."""
+    if adjusted < ALPHA:
+        better = boot.difference > 0 if higher_better else boot.difference < 0
+        return "ahead" if better else "behind"
+    if -within < boot.low90 and boot.high90 < within:
+        return "equivalent"
+    return "undecided"
+
+
+def bootstrap_line(trainer: str, reference: str, boot: Bootstrap, metric: str, adjusted: float, family: int) -> str:
+    """One Markdown bullet: ``trainer`` against ``reference`` on the test split's ``metric`` (accuracy, or
+    perplexity read as its mean token loss), from every seed and example (``stats.hierarchical_bootstrap``)."""
+    perplexity = metric == "perplexity"
+    within = LOSS_MARGIN if perplexity else MARGINS["accuracy"]
+    word = bootstrap_word(boot, adjusted, not perplexity, within)
+    if perplexity:  # a difference of mean loss d is a perplexity ratio exp(d)
+        shown = (f"perplexity x{math.exp(boot.difference):.4f} (95% interval x{math.exp(boot.low):.4f}.."
+                 f"x{math.exp(boot.high):.4f})")
+        margin_text = "±1% perplexity"
+    else:
+        shown = f"{boot.difference:+.4f} accuracy (95% interval [{boot.low:+.4f}, {boot.high:+.4f}])"
+        margin_text = f"±{within:g} accuracy"
+    evidence = (f"{boot.seeds} seeds x {boot.examples} test examples, hierarchical bootstrap p = {boot.p:.3g}, "
+                f"Holm-adjusted {adjusted:.3g} over {family}")
+    if word in ("ahead", "behind"):
+        return f"- **{trainer}**: {'ahead of' if word == 'ahead' else 'behind'} {reference}: {shown}; {evidence}."
+    if word == "equivalent":
+        return f"- **{trainer}**: equivalent to {reference} within {margin_text} (its 90% interval inside): " \
+               f"{shown}; {evidence}."
+    return f"- **{trainer}**: undecided against {reference}: {shown}, neither a difference nor within " \
+           f"{margin_text}; {evidence}."

@@ -179,6 +179,8 @@ def write_result(trainer, report: dict, logger: RunLogger | None) -> None:
               "threads": last_choice()._asdict()}
     if trainer.timing is not None:
         record["timing"] = {**trainer.timing, "compute_ms": where["compute_ms"]}
+    if trainer.test_outcomes is not None:  # each test example's share of the metric: paired verdicts read them
+        record["test_outcomes"] = trainer.test_outcomes
     # the HParams session: hparam values and summary numbers (also kept in result.json)
     record["summary"] = session_metrics(report, trainer.task.metric_name, read_metrics(trainer.run_dir),
                                         timed_step_ms=None if trainer.timing is None else trainer.timing["step_ms"])

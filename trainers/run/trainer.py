@@ -41,7 +41,7 @@ from gradengines.models.adapters.calling import call_model, model_call
 from gradengines.models.adapters.user import is_reference
 from gradengines.models.errors import ModelConfigError
 from gradengines.models.orthogonal.retraction import CayleyRetraction
-from gradengines.tasks.base import IGNORE_INDEX, Task, label_range
+from gradengines.tasks.base import IGNORE_INDEX, Task, label_range, per_example
 from gradengines.tasks.stream import StreamReader, StreamSplit
 from gradengines.trainers.core.compiled import compile_checked
 from gradengines.trainers.core.distributed import DataParallel, local_device
@@ -185,6 +185,7 @@ class Trainer:
         self.changes: list[dict] = []  # options changed at resumes (``rundir.check_resume``)
         self.finished_before = False  # fit(resume=True) found the run finished: it wrote nothing
         self.best: dict | None = None  # {"step", "val": {...}, "state": state_dict}
+        self.test_outcomes: dict | None = None  # the best model's per-example test outcomes {"values", "counts"}
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
         self._order: tuple[int, Any] | None = None  # (epoch, the training keys of that epoch in order)
@@ -243,9 +244,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, split: str = "val", rows: torch.Tensor | None = None,
-                 on_batch: Callable[[int, int], None] | None = None) -> dict[str, float]:
+                 on_batch: Callable[[int, int], None] | None = None,
+                 outcomes: list | None = None) -> dict[str, float]:
         """Mean loss and metric over a split (or its ``rows``), in eval mode (no dropout); each rank
-        evaluates its shard; ``on_batch(done, batches)`` after each batch (progress).
+        evaluates its shard; ``on_batch(done, batches)`` after each batch (progress); ``outcomes``: a list that
+        gets each batch's per-example ``(values, counts)`` (``tasks.base.per_example``), in the split's order.
 
         Batches are weighted by their counted targets (tokens other than ``IGNORE_INDEX``), so
         the mean is over every counted token of the split, padded sentences included.
@@ -266,6 +269,8 @@ class Trainer:
                 n = float((y != IGNORE_INDEX).sum())
                 total_loss += self.task.loss_fn(out, y).item() * n
                 total_metric += float(self.task.metric(out, y)) * n
+                if outcomes is not None:
+                    outcomes.append(per_example(self.task.metric_name, self.task.loss_fn, out.float(), y))
             counted += n
             if on_batch is not None:
                 on_batch(start // self.cfg.eval_batch_size + 1, batches)
@@ -453,10 +458,11 @@ class Trainer:
         last = lifecycle.last_checkpoint(self)
         return self.update(x, y, self.step, f", last good checkpoint kept at {last}" if last is not None else "")
 
-    def _evaluate(self, split: str, progress: Progress, *, rows=None, model: str | None = None) -> dict[str, float]:
+    def _evaluate(self, split: str, progress: Progress, *, rows=None, model: str | None = None,
+                  outcomes: list | None = None) -> dict[str, float]:
         """``evaluate``, its progress while it runs and its line."""
         with progress.evaluating(split, model) as on_batch:
-            result = self.evaluate(split, rows, on_batch)
+            result = self.evaluate(split, rows, on_batch, outcomes)
         metric, n = self.task.metric_name, len(getattr(self.task, split))
         progress.evaluated(split, metric, result[metric], samples=n if rows is None else len(rows), of=n,
                            batch_size=self.cfg.eval_batch_size, model=model)
@@ -476,7 +482,12 @@ class Trainer:
             best_val = chosen["val"]
         else:  # the last model is the best one when it was selected last: no second pass
             best_val = final_val if chosen["step"] == self.step else self._evaluate("val", progress, model=best)
-        test = self._evaluate("test", progress, model=best) if self.evaluate_test else None
+        outcomes: list = []  # the test split's per-example outcomes of the best model (one process: whole split)
+        test = (self._evaluate("test", progress, model=best, outcomes=outcomes if self.parallel.world_size == 1
+                               else None) if self.evaluate_test else None)
         self.model.load_state_dict(last_state)
-        return {"steps": self.step, "best_step": chosen["step"], "best_val": best_val,
-                "final_val": final_val, "test": test}
+        if outcomes and all(o is not None for o in outcomes):  # result.json keeps them (lifecycle.write_result)
+            values, counts = (torch.cat([o[i] for o in outcomes]).tolist() for i in (0, 1))
+            self.test_outcomes = {"values": [round(v, 6) for v in values], "counts": counts}
+        return {"steps": self.step, "best_step": chosen["step"], "best_val": best_val, "final_val": final_val,
+                "test": test}

@@ -1,0 +1,84 @@
+"""scripts/benchmarks/reference.py on a tiny row (two trainers, seconds): a run killed midway and resumed gives the
+table the uninterrupted run gives, an engine that refuses the model gets its one-line reason, and the page is made
+from the runs alone (another process, nothing but the folder)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from gradengines.trainers.run import trainer as trainer_module
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """The script with one tiny row, its step timing fixed (fa's step 1.5x backprop's: two timings of the
+    same code would differ by the machine's noise, and the budgets with them)."""
+    def fixed(setups, reference, **_):
+        ratios = {"backprop": 1.0, "fa": 1.5}
+        return {"reference": reference, "rounds": 5, "warmup": 1, "machine": "fixed", "threads": {"count": 1,
+                                                                                                  "reason": "test"},
+                "trainers": {t: {"step_ms": 2.0 * ratios[t], "ratio": ratios[t], "ratio_min": ratios[t],
+                                 "ratio_max": ratios[t], "ratio_low": ratios[t], "ratio_high": ratios[t],
+                                 "ms_min": 0.0, "ms_max": 1e9, "batch_size": s.config.batch_size, "peak_mb": 1.0}
+                             for t, s in setups.items()}}
+
+    monkeypatch.setattr("gradengines.trainers.experiments.compare.time_steps", fixed)
+    spec = importlib.util.spec_from_file_location("reference_script", ROOT / "scripts" / "benchmarks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "ROWS", {"tiny": (
+        "a 2 x 8 tanh MLP on a teacher task, 4 steps",
+        ["--model", "mlp", "--depth", "2", "--width", "8", "--task", "teacher", "--task-option", "n_train=64",
+         "--task-option", "n_val=32", "--task-option", "n_test=40", "--task-option", "in_features=6",
+         "--steps", "4", "--eval-every", "2", "--grad-agreement-every", "2", "--trainers", "backprop,fa"],
+        ["--width", "64"])})
+    monkeypatch.setattr(module, "COMMON", ["--tune", "--tune-grid", "lr=0.01,0.03", "--budget", "time", "--seeds",
+                                           "0,1", "--timing-rounds", "5", "--progress", "false"])
+    return module
+
+
+def table(out: Path, module) -> list[str]:
+    """The row's table as the page shows it (its figure drawn into the folder's own figures/)."""
+    from gradengines.trainers.experiments.reference_page import results_page
+
+    page = results_page(out, ["tiny"], module.ROWS, out / "figures")
+    return [line for line in page.splitlines() if line.startswith("| ")]
+
+
+def test_a_killed_row_resumes_to_the_uninterrupted_table_and_refusals_are_said(reference, tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    assert reference.main(["run", "--out", str(straight)]) == 0
+    rows = table(straight, reference)
+    assert rows[1].startswith("| backprop |") and rows[2].startswith("| fa |") and "| reference |" in rows[1]
+    assert "| dsf | — | refuses the model: trainer 'dsf' needs a model with recurrent layers" in "\n".join(rows)
+    info = json.loads((straight / "tiny" / "reference.json").read_text())
+    assert info["command"].startswith("compare.py --model mlp") and "tbptt" in info["refused"]
+    assert (straight / "figures" / "results-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+    killed = tmp_path / "killed"
+    real, calls = trainer_module.Trainer.train_step, []
+
+    def interrupted(self, x, y):
+        calls.append(1)
+        if len(calls) == 11:  # midway: in the second trainer's tuning or its seeds
+            raise KeyboardInterrupt
+        return real(self, x, y)
+
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", interrupted)
+    assert reference.main(["run", "--out", str(killed)]) == 130
+    assert not (killed / "tiny" / "reference.json").exists()
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", real)
+    assert reference.main(["run", "--out", str(killed)]) == 0
+    assert table(killed, reference) == rows
+
+
+def test_the_gpu_command_is_the_same_row_larger(reference, tmp_path, capsys):
+    assert reference.main(["run", "--out", str(tmp_path), "--device", "cuda", "--size", "gpu", "--dry-run"]) == 0
+    said = capsys.readouterr().err
+    assert "reference: row 1 of 1: tiny (0 after it)" in said and "--width 64" in said and "--device cuda" in said
+    assert not (tmp_path / "tiny").exists()
+    assert reference.main(["run", "--rows", "nope"]) == 2 and "error: --rows: no row nope" in capsys.readouterr().err

@@ -1,0 +1,175 @@
+"""The reference results page (``docs/results.md``), made from the rows' runs alone: per row, each engine's test
+metric over seeds, its word against backprop from every seed and test example, its step time and peak memory
+against backprop's in one timing round, its time to a target, its gradient's cosine with backprop's, its tuned
+learning rate and where its settings come from; engines that refuse the model with their one-line reason; and a
+figure of validation metric against compute time, a band over the seeds (``scripts/benchmarks/reference.py``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from gradengines.trainers.experiments.stats import hierarchical_bootstrap, holm
+from gradengines.trainers.experiments.verdict import (
+    LOSS_MARGIN,
+    MARGINS,
+    bootstrap_word,
+    default_target,
+    time_to_target,
+)
+
+__all__ = ["results_page", "row_table", "row_figure"]
+
+REFERENCE = "backprop"
+
+
+def _records(folder: Path) -> dict[str, list[dict]]:
+    """run -> its seeds' result.json records (and their histories), the comparison's runs only (no tuning trials)."""
+    out: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*/seed*/result.json")):
+        record = json.loads(path.read_text())
+        lines = (path.parent / "metrics.jsonl").read_text().splitlines()
+        record["history"] = [json.loads(line) for line in lines if line.strip()]
+        out.setdefault(path.parent.parent.name, []).append(record)
+    return out
+
+
+def _mean_sd(values: list[float], digits: int) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f}" if values else "-"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _words(records: dict[str, list[dict]], metric: str) -> dict[str, str]:
+    """Each run's word against backprop on test, from every seed and example (one Holm family per row)."""
+    if REFERENCE not in records:
+        return {}
+    ref = {r["config"]["seed"]: r.get("test_outcomes") for r in records[REFERENCE]}
+    boots = {}
+    for run, seeds in records.items():
+        mine = {r["config"]["seed"]: r.get("test_outcomes") for r in seeds}
+        common = sorted(s for s in set(mine) & set(ref) if mine[s] and ref[s])
+        if run != REFERENCE and common:
+            boots[run] = hierarchical_bootstrap([(mine[s]["values"], mine[s]["counts"]) for s in common],
+                                                [(ref[s]["values"], ref[s]["counts"]) for s in common])
+    adjusted = dict(zip(boots, holm([b.p for b in boots.values()]), strict=True))
+    perplexity = metric == "perplexity"
+    within = LOSS_MARGIN if perplexity else MARGINS["accuracy"]
+    return {run: bootstrap_word(b, adjusted[run], not perplexity, within) for run, b in boots.items()}
+
+
+def _tuned(record: dict) -> str:
+    settings = record.get("settings") or {}
+    tuned = settings.get("tuned")
+    lr = record["config"]["lr"]
+    if not tuned:
+        return f"{lr:g}"
+    edge = " (grid edge)" if tuned.get("edges") else ""
+    return f"{lr:g}, tuned{edge}"
+
+
+def row_table(folder: Path, refused: dict[str, str]) -> str:
+    """The row's Markdown table (module docstring); refused engines last, with "—" and their reason."""
+    records = _records(folder)
+    if not records:
+        return "_No run yet._\n"
+    metric = next(iter(records.values()))[0]["metric"]
+    higher = metric != "perplexity"
+    timing = json.loads((folder / "comparison.json").read_text())["timing"]["trainers"]
+    target = default_target([r["best_val"][metric] for r in records.get(REFERENCE, [])] or [0.0], higher)
+    words = _words(records, metric)
+    lines = [f"| engine | test {metric} (mean ± sd over seeds) | against backprop (test, every seed and example) | "
+             f"step time / "
+             f"backprop's | peak memory / backprop's | seeds reaching {target:.4g} val {metric} (compute s) | "
+             f"gradient cosine with backprop | lr | settings from |", "|---|---|---|---|---|---|---|---|---|"]
+    for run, seeds in sorted(records.items(), key=lambda item: (item[0] != REFERENCE, item[0])):
+        tested = [r["test"][metric] for r in seeds if r.get("test")]
+        clock = timing.get(run, {})
+        ref_peak = timing.get(REFERENCE, {}).get("peak_mb")
+        peak = f"{clock['peak_mb'] / ref_peak:.2f}" if clock.get("peak_mb") and ref_peak else "-"
+        hits = [h for r in seeds if (h := time_to_target(r["history"], metric, target, higher))]
+        reached = (f"{len(hits)} of {len(seeds)} ({statistics.fmean(h['compute_ms'] for h in hits) / 1e3:.1f} s)"
+                   if hits and all(h["compute_ms"] is not None for h in hits) else f"{len(hits)} of {len(seeds)}")
+        cosines = [r["summary"].get("grad_cosine") for r in seeds if r.get("summary", {}).get("grad_cosine")
+                   is not None]
+        sources = "; ".join(dict.fromkeys((seeds[0].get("settings") or {}).get("recipe", {}).values())) or "defaults"
+        ratio = f"{clock['ratio']:.2f} ({clock['ratio_low']:.2f}..{clock['ratio_high']:.2f})" \
+            if "ratio_low" in clock else "-"
+        word = "reference" if run == REFERENCE else words.get(run, "-")
+        lines.append(f"| {run} | {_mean_sd(tested, 4)} | {word} | {ratio} | {peak} | {reached} | "
+                     f"{_mean_sd(cosines, 3)} | {_tuned(seeds[0])} | {sources} |")
+    for name, why in sorted(refused.items()):
+        lines.append(f"| {name} | — | refuses the model: {why} | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def row_figure(folder: Path, path: Path, title: str) -> Path | None:
+    """Validation metric against compute time, each engine's mean over seeds with a band from its worst to its
+    best seed (backprop in black); None where no run has a timed history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    records = _records(folder)
+    if not records:
+        return None
+    metric = next(iter(records.values()))[0]["metric"]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    colors = plt.get_cmap("tab20").colors
+    for i, (run, seeds) in enumerate(sorted(records.items(), key=lambda item: (item[0] != REFERENCE, item[0]))):
+        curves = []
+        for r in seeds:
+            points = [(h["compute_ms"] / 1e3, h[f"eval/{metric}"]) for h in r["history"]
+                      if isinstance(h.get(f"eval/{metric}"), (int, float)) and h.get("compute_ms") is not None]
+            if points:
+                curves.append(np.array(points))
+        if not curves:
+            continue
+        end = min(c[-1, 0] for c in curves)
+        grid = np.linspace(0, end, 50)
+        values = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
+        color = "black" if run == REFERENCE else colors[i % len(colors)]
+        ax.plot(grid, values.mean(0), color=color, label=run, lw=2.2 if run == REFERENCE else 1.4)
+        ax.fill_between(grid, values.min(0), values.max(0), color=color, alpha=0.15)
+    ax.set_xlabel("compute time (s, timed steps)")
+    ax.set_ylabel(f"validation {metric}")
+    if metric == "perplexity":
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def results_page(out: Path, rows: list[str], definitions: dict, figures: Path | None = None) -> str:
+    """The whole page (Markdown): per row, its command, when and on what it ran, its table and figure."""
+    parts = ["# Reference results\n",
+             "What each gradient engine gains or loses against exact backpropagation, in accuracy, speed and "
+             "memory: every engine each model allows, its learning rate tuned on the validation split (a log grid "
+             "around its recipe's, seed 0), then 3 seeds at equal compute time (each engine gets the compute "
+             "backprop's run took, by the step-time ratios of one timing round). Words against backprop: "
+             "*ahead*/*behind* (established, Holm-corrected over the row), *equivalent* (within ±0.01 accuracy or "
+             "±1% perplexity), *undecided* (neither). Made by `scripts/benchmarks/reference.py page` from the runs "
+             "alone.\n"]
+    for row in rows:
+        what, *_ = definitions[row]
+        folder = out / row
+        info_path = folder / "reference.json"
+        parts.append(f"\n## {row}: {what}\n")
+        if not info_path.exists():
+            parts.append(f"_Not run yet_: `.venv/bin/python scripts/benchmarks/reference.py run --rows {row}`.\n")
+            continue
+        info = json.loads(info_path.read_text())
+        machine = json.loads((folder / "comparison.json").read_text())["timing"].get("machine", "?")
+        took = f"{info['seconds'] / 60:.0f} min" if info["seconds"] >= 60 else f"{info['seconds']} s"
+        parts.append(f"`{info['command']}` — finished {info['finished']}, {took} on "
+                     f"{machine} ({info['device']}).\n\n{row_table(folder, info.get('refused', {}))}")
+        if figures is not None and row_figure(folder, figures / f"results-{row}.png", f"{row}: {what}"):
+            parts.append(f"\n![{row}](figures/results-{row}.png)\n")
+    return "".join(parts)
