@@ -41,6 +41,29 @@ def test_recipes_pick_the_most_specific_and_published_values():
     assert recipe_for("dsf", "mlp") is None  # DSF trains recurrent models only
 
 
+PLACEHOLDERS = ("tune it", "not published for these models")
+
+
+def test_the_default_comparison_runs_every_trainer_at_a_published_or_measured_setting():
+    """No placeholder in the default comparison (issue 62): every trainer the default model allows takes a recipe
+    whose every source is a paper, the authors' code or a measurement (a tuning on validation, with its command),
+    never "not published: tune it"."""
+    from gradengines.trainers.cli.args import build_from_args, trainers_for
+    from gradengines.trainers.cli.compare import compare_parser
+
+    args = compare_parser([]).parse_args([])
+    probe = build_from_args(args, "backprop", 0)
+    found, _ = trainers_for(probe.model, probe.task)
+    assert {"fgrad", "fgrad_act", "mezo", "backprop"} <= set(found)
+    for trainer in found:
+        recipe = recipe_for(trainer, DEFAULT_COMPARISON["model"])
+        assert recipe is not None, trainer
+        for key, source in recipe.sources().items():
+            assert not any(p in source for p in PLACEHOLDERS), (trainer, key, source)
+    assert recipe_for("fgrad", "mlp").train_values()["lr"] == pytest.approx(10 ** -2.5)  # the tuning's value
+    assert any(p in recipe_for("fgrad", "convnet").sources()["lr"] for p in PLACEHOLDERS)  # not measured there
+
+
 def test_the_default_comparison_sets_no_recipe_key():
     """A default entry would look like a user's flag and silently replace every recipe's value."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

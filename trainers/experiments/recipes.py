@@ -60,6 +60,16 @@ FEEDBACK_FAMILY = ("fa", "usf", "brsf", "frsf", "dfa")
 FEEDBACK_GPT = ("backprop's GPT setting (Highway-BP paper, Table 4): no FA-family setting for GPT-2 is published; "
                 "the feedback's scale (scale=weight) is what keeps the gradient at backprop's size (BENCHMARKS.md)")
 MEASURED = "measured: the project default (Adam 1e-3, batch 64; BENCHMARKS.md default comparison), no paper setting"
+MEZO_SETTINGS = "MeZO, Malladi et al. NeurIPS 2023, Algorithm 1 and App. E: plain SGD, eps 1e-3, batch 16"
+FGRAD_SETTINGS = "Baydin et al. 2022, 'Gradients without backpropagation': plain SGD with one Gaussian direction"
+FGRAD_ACT_SETTINGS = ("Ren et al. ICLR 2023, 'Scaling forward gradient with local losses': activity-perturbed, one "
+                      "Gaussian direction, fgrad's plain SGD")
+DIGITS_TUNED = ("tuned on validation of digits (orthogonal tanh MLP 4 x 64, seed 0; grid 1e-4..1e-2 by 10^0.5): "
+                "scripts/benchmarks/reference.py run --rows digits-mlp, 2026-12-07, docs/results.md; the same as "
+                "compare.py --tune on 2026-12-06 (BENCHMARKS.md, forward-only baselines)")
+DIGITS_TUNED_UP = ("tuned on validation of digits (orthogonal tanh MLP 4 x 64, seed 0): 1e-2 was the top of the grid "
+                   "1e-4..1e-2; the grid 1e-2..3.16e-1 gave 3.16e-2, diverging above (compare.py --tune --tune-grid "
+                   "lr=0.01,0.0316,0.1,0.316, 2026-12-06, BENCHMARKS.md, forward-only baselines)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +128,16 @@ RECIPES: list[Recipe] = [
     Recipe("fgrad_act", (), _same(FGRAD_ACT_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0,
                                   batch_size=64), _same(FGRAD_ACT_PAPER, directions=1, distribution="gaussian")),
     Recipe("backprop", (), _ADAM_1E3),
+    # the default comparison's model: the learning rates no paper gives, measured (the rest of each recipe above)
+    Recipe("mezo", ("mlp",), {**_same(MEZO_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0,
+                                      batch_size=16), **_same(DIGITS_TUNED, lr=1e-3)},
+           _same(MEZO_SETTINGS, eps=1e-3, directions=1)),
+    Recipe("fgrad", ("mlp",), {**_same(FGRAD_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0,
+                                       batch_size=64), **_same(DIGITS_TUNED, lr=10 ** -2.5)},
+           _same(FGRAD_SETTINGS, directions=1, distribution="gaussian")),
+    Recipe("fgrad_act", ("mlp",), {**_same(FGRAD_ACT_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0,
+                                           batch_size=64), **_same(DIGITS_TUNED_UP, lr=10 ** -1.5)},
+           _same(FGRAD_ACT_SETTINGS, directions=1, distribution="gaussian")),
 ]
 
 

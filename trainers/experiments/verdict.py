@@ -55,14 +55,18 @@ def equivalent(paired: Paired, within: float) -> bool:
     return -within < low and high < within
 
 
-def seeds_to_decide(paired: Paired, within: float | None) -> int | None:
+def seeds_to_decide(paired: Paired, within: float | None, family: int = 1) -> int | None:
     """About how many seeds would decide an undecided comparison at the observed spread: the interval's half-width
-    shrinks as 1 / sqrt(seeds), until it excludes 0 (a difference) or fits inside +-within (equivalence);
-    None where nothing can be estimated (no spread, or a difference of exactly 0 with no margin)."""
+    shrinks as 1 / sqrt(seeds), until it excludes 0 at the level Holm asks of the first of ``family`` comparisons
+    (a difference; normal quantiles, so a rough count) or fits inside +-within (equivalence); None where nothing
+    can be estimated (no spread, or a difference of exactly 0 with no margin)."""
     if paired.low is None or paired.high is None or paired.t is None:
         return None
+    from statistics import NormalDist
+
     half = (paired.high - paired.low) / 2
-    gaps = [abs(paired.difference)] + ([within - abs(paired.difference)] if within else [])
+    stricter = NormalDist().inv_cdf(1 - ALPHA / (2 * family)) / NormalDist().inv_cdf(1 - ALPHA / 2)
+    gaps = [abs(paired.difference) / stricter] + ([within - abs(paired.difference)] if within else [])
     needed = [paired.n * (half / gap) ** 2 for gap in gaps if gap > 0]
     return max(paired.n + 1, math.ceil(min(needed))) if needed else None
 
@@ -179,7 +183,7 @@ def verdict_line(trainer: str, reference: str, paired: Paired | None, metric: st
         why = "the interval includes 0" + (f" and reaches beyond ±{within:.4g}" if within is not None else "")
     else:
         why = f"the interval excludes 0, but not after the correction for {family} comparisons (p {p:.3g} >= {ALPHA:g})"
-    seeds = seeds_to_decide(paired, within) if holds else None  # the timing's spread is not the seeds'
+    seeds = seeds_to_decide(paired, within, family) if holds else None  # the timing's spread is not the seeds'
     more = f"; at this spread about {seeds} seeds would decide it" if seeds is not None else ""
     return f"- **{trainer}**: undecided against {reference} {where}: {detail}; {why}{more})."
 
