@@ -82,3 +82,27 @@ def test_the_gpu_command_is_the_same_row_larger(reference, tmp_path, capsys):
     assert "reference: row 1 of 1: tiny (0 after it)" in said and "--width 64" in said and "--device cuda" in said
     assert not (tmp_path / "tiny").exists()
     assert reference.main(["run", "--rows", "nope"]) == 2 and "error: --rows: no row nope" in capsys.readouterr().err
+
+
+def test_seeds_auto_adds_seeds_while_a_word_is_undecided(tmp_path, monkeypatch):
+    """--seeds auto: 3 seeds, then one more for every trainer while one is undecided at equal samples, here until
+    the bound (a verdict stubbed to stay undecided), or not at all where every word is decided."""
+    from gradengines.trainers.cli import compare as compare_cli
+
+    asked = []
+
+    def always(out_dir, names, reference):
+        asked.append(sorted(p.name for p in (out_dir / "fa").iterdir()))
+        return ["fa"]
+
+    monkeypatch.setattr(compare_cli, "undecided_runs", always)
+    monkeypatch.setattr(compare_cli, "SEEDS_AUTO", (3, 5))
+    flags = ["--model", "mlp", "--depth", "2", "--width", "8", "--task", "teacher", "--task-option", "n_train=64",
+             "--task-option", "n_val=32", "--task-option", "n_test=32", "--steps", "2", "--trainers", "backprop,fa",
+             "--seeds", "auto", "--timing-rounds", "5", "--progress", "false", "--logdir", str(tmp_path)]
+    assert compare_cli.compare_main([*flags, "--experiment", "undecided"]) == 0
+    assert asked == [["seed0", "seed1", "seed2"], ["seed0", "seed1", "seed2", "seed3"]]
+    assert sorted(p.name for p in (tmp_path / "undecided" / "backprop").iterdir()) == [f"seed{i}" for i in range(5)]
+    monkeypatch.setattr(compare_cli, "undecided_runs", lambda *_: [])
+    assert compare_cli.compare_main([*flags, "--experiment", "decided"]) == 0
+    assert sorted(p.name for p in (tmp_path / "decided" / "fa").iterdir()) == ["seed0", "seed1", "seed2"]

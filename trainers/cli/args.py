@@ -436,7 +436,8 @@ def check_run_flags(args) -> None:
     for what in ("experiment", "run_name"):  # the folder names, before anything is built
         if getattr(args, what, None) is not None:
             check_folder_name(what, getattr(args, what))
-    for seed in int_list(getattr(args, "seeds", None) or "", "--seeds", unique=True):
+    given = getattr(args, "seeds", None) or ""
+    for seed in int_list("" if given == "auto" else given, "--seeds", unique=True):
         check_seed(seed, "--seeds")
     if getattr(args, "tune_seed", None) is not None:
         check_seed(args.tune_seed, "--tune-seed")

@@ -27,6 +27,8 @@ from gradengines.trainers.core.options import options_from_args
 from gradengines.trainers.core.threads import set_threads
 from gradengines.trainers.experiments.budget import BUDGETS, reference_trainer
 from gradengines.trainers.experiments.compare import check_resumable, check_target, refuse_taken, run_comparison
+from gradengines.trainers.experiments.results import experiment_runs
+from gradengines.trainers.experiments.summary import verdict_lines
 from gradengines.trainers.experiments.tuning import parse_grid, trainer_grid, trial_name, tune_trainer, tuning_caveats
 from gradengines.trainers.run.config import TrainConfig
 from gradengines.trainers.run.rundir import note
@@ -53,7 +55,8 @@ def compare_parser(argv: list[str], prog: str | None = None):
                         help="comma list of trainers (default: every trainer compatible with the model); a trainer "
                              "may carry its options, NAME:OPTION=VALUE (e.g. highway:k=1,highway:k=4: runs "
                              "highway-k1 and highway-k4); your own engine as FILE.py:Class or module:Class")
-    parser.add_argument("--seeds", help="comma list of seeds")
+    parser.add_argument("--seeds", help="comma list of seeds, or auto: 0, 1, 2, then one more while a trainer's "
+                                        "verdict at equal samples is undecided, up to 10")
     parser.add_argument("--experiment", help="experiment folder under --logdir (default: compare-<task> for the "
                                               "default model, compare-<model>-<task>, and what else makes the "
                                               "experiment different, trainers/cli/names.py)")
@@ -116,7 +119,7 @@ def compare_main(argv=None, prog: str | None = None) -> int:
             compare(here)
 
     def compare(here):
-        seeds = int_list(args.seeds, "--seeds")
+        seeds = list(range(SEEDS_AUTO[0])) if args.seeds == "auto" else int_list(args.seeds, "--seeds")
         if not seeds:
             raise ConfigError("--seeds lists no seed")
         if args.trainers is None:
@@ -148,13 +151,26 @@ def compare_main(argv=None, prog: str | None = None) -> int:
         if args.tune and not (args.resume or args.overwrite):  # before the first trial, not after all of them
             refuse_taken(args.logdir, experiment, [n if args.run_name is None else args.run_name for n in names], seeds)
         tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
-        out = run_comparison(lambda t, s: build_from_args(args, runs[t][0], s, args.settings, tuned.get(t),
-                                                          runs[t][1]), names, seeds,
-                             logdir=args.logdir, run_name=args.run_name, experiment=experiment,
-                             epochs=None if args.steps else args.epochs, steps=args.steps, resume=args.resume,
-                             overwrite=args.overwrite, allow_changes=list(options_from_args(args, TrainConfig)),
-                             budget=args.budget, reference=args.reference, target=args.target,
-                             timing_rounds=args.timing_rounds)
+
+        def comparison(seeds, resume, overwrite):
+            return run_comparison(lambda t, s: build_from_args(args, runs[t][0], s, args.settings, tuned.get(t),
+                                                               runs[t][1]), names, seeds,
+                                  logdir=args.logdir, run_name=args.run_name, experiment=experiment,
+                                  epochs=None if args.steps else args.epochs, steps=args.steps, resume=resume,
+                                  overwrite=overwrite,
+                                  allow_changes=list(options_from_args(args, TrainConfig)), budget=args.budget,
+                                  reference=args.reference, target=args.target, timing_rounds=args.timing_rounds)
+
+        out = comparison(seeds, args.resume, args.overwrite)
+        while args.seeds == "auto" and len(seeds) < SEEDS_AUTO[1]:
+            undecided = undecided_runs(out["dir"], names, reference_trainer(names, args.reference))
+            if not undecided:
+                break
+            seeds.append(max(seeds) + 1)
+            if here.is_main:
+                note(f"--seeds auto: {', '.join(undecided)} undecided against the reference on "
+                     f"{len(seeds) - 1} seeds; adding seed {seeds[-1]} to every trainer (at most {SEEDS_AUTO[1]})")
+            out = comparison(seeds, "auto", False)  # the seeds run so far kept
         if here.is_main:
             print(out["table"])
             print(f"runs, summary.md and comparison.png in {out['dir']}")
@@ -165,6 +181,21 @@ def compare_main(argv=None, prog: str | None = None) -> int:
                                      f"the others finished, see {out['dir'] / 'summary.md'}")
 
     return run_cli(main)
+
+
+SEEDS_AUTO = (3, 10)
+"""``--seeds auto``: seeds 0, 1, 2, then one more for every trainer while a trainer's word at equal samples is
+undecided, up to 10 seeds."""
+
+
+def undecided_runs(out_dir, names: list[str], reference: str) -> list[str]:
+    """The runs whose verdict at equal samples is undecided (``trainers.experiments.verdict``)."""
+    results = {run: seeds for run, seeds in experiment_runs(out_dir).items() if run in names}
+    if reference not in results:
+        return []
+    metric = results[reference][0]["report"]["metric"]
+    words = verdict_lines(results, metric, reference, metric != "perplexity")[1]
+    return [run for run, word in words.items() if word == "undecided"]
 
 
 def left_out(refused: dict[str, str]) -> str:
