@@ -562,7 +562,7 @@ def write_summary(out_dir, experiment: str, task, results: dict[str, list[dict]]
             + "\n".join(verdict) + "\n\n"
             + ("\n".join(disagree) + "\n\n" if disagree else ""))
     examples = example_verdict_lines(results, metric, reference) if reference else []
-    parts.append(f"## Results\n\n{table}\n" + ("\n" + "\n".join(examples) + "\n" if examples else ""))
+    parts.append(f"## Results\n\n{table}\n" + ("\n" + "\n".join(examples) + "\n\n" if examples else ""))
     aligned = alignment_table(results)
     if aligned:
         parts.append("## Alignment of the feedback with the forward weights\n\nPer covered layer, the angle between "
