@@ -1,9 +1,13 @@
-"""Figures: loss, metric and gradient cosine against samples (or steps) and compute time; a final metric against
-runs."""
+"""Figures: loss, metric and gradient cosine against samples (or steps) and compute time; the per-layer agreement
+heatmaps in a figure of their own; a final metric against runs.
+
+Every trainer keeps one style in every panel (``trainer_styles``): backprop black, the others a colour each (tab10
+up to ten, tab20 up to twenty, evenly spaced hues beyond) and, past ten, a line style too; one legend, outside the
+panels, serves the figure; the figure's title sits above the panels (a constrained layout)."""
 
 import numpy as np
 
-__all__ = ["plot_comparison", "plot_runs", "layer_grid"]
+__all__ = ["plot_comparison", "plot_runs", "layer_grid", "trainer_styles", "layers_path"]
 
 
 AXES = {"step": ("step", 1.0), "samples": ("training samples seen", 1.0), "compute_ms": ("compute time (s)", 1e-3)}
@@ -63,16 +67,39 @@ def _heatmap(ax, fig, title: str, grid, label: str, xlabel: str, **style) -> Non
     fig.colorbar(image, ax=ax, label=label)
 
 
-def _panel(ax, histories, tag, title, ylabel, axis, legend: bool = True) -> None:
-    """Mean curve and min..max band per trainer; a trainer keeps its colour (``C<i>``, its place in
-    ``histories``) in every panel, so one legend serves a row."""
-    for i, (trainer, runs) in enumerate(histories.items()):
+REFERENCE_COLOR = "black"
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def trainer_styles(trainers: list[str]) -> dict[str, dict]:
+    """Each trainer's ``{"color", "linestyle"}``: backprop black; the others, in order, a colour each (distinct for
+    any number: tab10, tab20, then evenly spaced hues) and, past ten, a line style from ``LINE_STYLES`` too."""
+    from matplotlib import colormaps
+
+    others = [t for t in trainers if t != "backprop"]
+    n = len(others)
+    if n <= 10:
+        colors = list(colormaps["tab10"].colors)
+    elif n <= 20:
+        colors = list(colormaps["tab20"].colors)
+    else:
+        colors = [colormaps["hsv"](i / n) for i in range(n)]
+    styles = {"backprop": {"color": REFERENCE_COLOR, "linestyle": "-"}}
+    for i, trainer in enumerate(others):
+        styles[trainer] = {"color": colors[i], "linestyle": LINE_STYLES[(i // 10) % len(LINE_STYLES)] if n > 10
+                           else "-"}
+    return styles
+
+
+def _panel(ax, histories, tag, title, ylabel, axis, styles: dict[str, dict]) -> None:
+    """Mean curve and min..max band per trainer, each in its style in every panel (one legend serves them)."""
+    for trainer, runs in histories.items():
         curve = _curve(runs, tag, axis)
         if curve is None:
             continue
         xs, mean, low, high = curve
-        (line,) = ax.plot(xs, mean, label=trainer, color=f"C{i % 10}")
-        ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2)
+        ax.plot(xs, mean, label=trainer, **styles[trainer])
+        ax.fill_between(xs, low, high, color=styles[trainer]["color"], alpha=0.15)
     ax.set_title(title)
     ax.set_xlabel(AXES[axis][0])
     ax.set_ylabel(ylabel)
@@ -82,20 +109,26 @@ def _panel(ax, histories, tag, title, ylabel, axis, legend: bool = True) -> None
     if tag == "grad/cosine_global" and ax.lines:
         lowest = min(line.get_ydata().min() for line in ax.lines)
         ax.set_ylim(min(lowest, 0.9) - 0.01, 1.01)  # cosines near 1 stay readable, not zoomed to 1e-12
-    if ax.lines and legend:
-        ax.legend()
-    elif not ax.lines:
+    if not ax.lines:
         ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+
+
+def layers_path(path):
+    """Where ``plot_comparison`` draws the per-layer heatmaps: beside ``path``, ``<stem>_layers.png``."""
+    from pathlib import Path
+
+    path = Path(path)
+    return path.with_name(f"{path.stem}_layers{path.suffix}")
 
 
 def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, title: str | None = None) -> None:
     """Curves per trainer (mean over seeds, band = min..max): training loss, validation metric and
     global gradient cosine against training samples seen (a comparison's runs; else steps), so trainers
     with different batch sizes share an axis; when the runs were timed (``compute_ms``), a row of
-    loss and metric against compute time; below them, one row per trainer that logged gradient
-    agreement and is not exact: heatmaps of the per-parameter cosine and log10 norm ratio against
-    backprop (the global cosine is dominated by the largest gradients, often the head's, and hides
-    layers that get no useful signal or a wrongly scaled one). The norm ratio's colour scale is
+    loss and metric against compute time. In a figure of its own (``layers_path``), one row per trainer
+    that logged gradient agreement and is not exact: heatmaps of the per-parameter cosine and log10 norm
+    ratio against backprop (the global cosine is dominated by the largest gradients, often the head's, and
+    hides layers that get no useful signal or a wrongly scaled one); the norm ratio's colour scale is
     symmetric around 1 and spans the data's largest deviation.
 
     ``histories[trainer]`` is a list (one per seed) of logged records (``Trainer.history``,
@@ -104,25 +137,36 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, t
     every = [h for runs in histories.values() for h in runs]
     axis = _axis(every)
     timed = bool(every) and all(any("compute_ms" in r for r in h) for h in every)
-    layered = {t: (c, layer_grid(runs, "grad/norm_ratio/", axis)) for t, runs in histories.items()
-               if (c := layer_grid(runs, axis=axis)) is not None and not np.allclose(c[2], 1.0, atol=1e-6)}
-    rows = 1 + timed + len(layered)
+    styles = trainer_styles(list(histories))
     plt = _pyplot()
-    fig = plt.figure(figsize=(15, 4 * rows + (0.45 if title else 0)))
-    grid = fig.add_gridspec(rows, 6)
+    fig = plt.figure(figsize=(15, 4 * (1 + timed) + (0.5 if title else 0)), layout="constrained")
+    grid = fig.add_gridspec(1 + timed, 6)
     for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss", "loss (log scale)"),
                                              (f"eval/{metric}", f"validation {metric}", metric),
                                              ("grad/cosine_global", "gradient cosine vs backprop (all parameters)",
                                               "cosine")]):
-        # the cosine panel's curves crowd its top (backprop at 1): its colours are the row's other legends'
-        _panel(fig.add_subplot(grid[0, 2 * i:2 * i + 2]), histories, tag, name, ylabel, axis, legend=i < 2)
+        _panel(fig.add_subplot(grid[0, 2 * i:2 * i + 2]), histories, tag, name, ylabel, axis, styles)
     if timed:
         for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss against compute time",
                                                   "loss (log scale)"),
                                                  (f"eval/{metric}", f"validation {metric} against compute time",
                                                   metric)]):
-            _panel(fig.add_subplot(grid[1, 3 * i:3 * i + 3]), histories, tag, name, ylabel, "compute_ms")
-    for row, (trainer, (cosines, ratios)) in enumerate(layered.items(), start=1 + timed):
+            _panel(fig.add_subplot(grid[1, 3 * i:3 * i + 3]), histories, tag, name, ylabel, "compute_ms", styles)
+    handles = {line.get_label(): line for ax in fig.axes for line in ax.lines}
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside right upper", frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=13)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    layered = {t: (c, layer_grid(runs, "grad/norm_ratio/", axis)) for t, runs in histories.items()
+               if (c := layer_grid(runs, axis=axis)) is not None and not np.allclose(c[2], 1.0, atol=1e-6)}
+    if not layered:
+        layers_path(path).unlink(missing_ok=True)  # an earlier comparison's, in this folder
+        return
+    fig = plt.figure(figsize=(15, 4 * len(layered) + (0.5 if title else 0)), layout="constrained")
+    grid = fig.add_gridspec(len(layered), 6)
+    for row, (trainer, (cosines, ratios)) in enumerate(layered.items()):
         _heatmap(fig.add_subplot(grid[row, 0:3] if ratios is not None else grid[row, :]), fig,
                  f"{trainer}: per-layer gradient cosine vs backprop",
                  cosines, "cosine (seed mean)", AXES[axis][0], cmap="RdBu", vmin=-1, vmax=1)
@@ -133,11 +177,9 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, t
             _heatmap(fig.add_subplot(grid[row, 3:6]), fig, f"{trainer}: per-layer gradient norm / backprop's",
                      (steps, names, logs), "log10 norm ratio (seed mean)", AXES[axis][0],
                      cmap="PuOr", vmin=-span, vmax=span)
-    height = fig.get_size_inches()[1]
     if title:
-        fig.suptitle(title, fontsize=13)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height) if title else None)  # the title above the top row
-    fig.savefig(path, dpi=110)
+        fig.suptitle(f"{title}: per-layer agreement with backprop", fontsize=13)
+    fig.savefig(layers_path(path), dpi=110)
     plt.close(fig)
 
 
