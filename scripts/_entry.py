@@ -14,4 +14,9 @@ def run(command: str) -> None:
     except KeyboardInterrupt:
         print("error: interrupted while starting", file=sys.stderr)
         sys.exit(130)
+    except ModuleNotFoundError as err:  # a Python without the project (plain `python` beside the .venv)
+        print(f"error: {sys.executable} cannot import {err.name} (No module named {err.name!r}): run the scripts with "
+              f"the project's environment, .venv/bin/python (made by bash scripts/setup.sh), or pip install . into "
+              f"this one", file=sys.stderr)
+        sys.exit(2)
     exit_process(COMMANDS[command]())

@@ -375,3 +375,12 @@ def test_the_bare_forward_only_pass_computes_fotons_gradients(dropout):
     torch.manual_seed(2)
     other = bare_forward_only(model, x, y)
     assert (dropout > 0) == any(not torch.allclose(a, b) for a, b in zip(bare, other, strict=True))
+
+
+def test_a_python_without_the_project_is_told_which_python_in_one_line():
+    """The README's commands use .venv/bin/python; a plain python without the project (here: one without its site
+    directory) gets one line naming itself and the environment to use, exit 2, not a traceback."""
+    done = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "train.py"), "--help"], capture_output=True,
+                          text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and ".venv/bin/python (made by bash scripts/setup.sh)" in done.stderr

@@ -301,7 +301,7 @@ RUNS = [
         benched("engines", "backprop", "foton", "foton:mode=lowmem"),
         BENCH + " --depths 2 --widths 16 --batch-size 16"),
     Run(r"\.venv/bin/python scripts/train\.py --trainer foton --model mlp ",
-        trained("train-mlp-depth=32-activation=tanh-orthogonal=bjorck-digits", "foton"), TRAIN),
+        trained("train-mlp-depth=32-activation=tanh-orthogonal=bjorck-digits-recipe", "foton"), TRAIN),
     Run(r"\.venv/bin/python scripts/train\.py --trainer highway --highway-k 2 --model resnet ",
         trained("train-resnet-depth=20-width=8-digits", "highway-k2"), TRAIN),
     Run(r"\.venv/bin/python scripts/table\.py runs/highway-digits --plot k\.png$",

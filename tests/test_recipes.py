@@ -79,7 +79,7 @@ def test_compare_uses_each_recipe_and_flags_override_it(tmp_path):
         "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "batch_size": 64}
     assert pepita["engine"]["pepita.variant"] == "iclr2024"
     assert pepita["settings"]["mode"] == "recipe" and "Srinivasan" in pepita["settings"]["recipe"]["lr"]
-    assert backprop["config"]["optimizer"] == "adam" and backprop["config"]["lr"] == 1e-3
+    assert backprop["config"]["optimizer"] == "adam" and backprop["config"]["lr"] == pytest.approx(10 ** -2.5)
     summary = (root / "compare-digits" / "summary.md").read_text()
     assert "| pepita | sgd | 0.01 | 0.9 | 0 | 64 |" in summary and "Srinivasan" in summary
 

@@ -60,6 +60,10 @@ FEEDBACK_FAMILY = ("fa", "usf", "brsf", "frsf", "dfa")
 FEEDBACK_GPT = ("backprop's GPT setting (Highway-BP paper, Table 4): no FA-family setting for GPT-2 is published; "
                 "the feedback's scale (scale=weight) is what keeps the gradient at backprop's size (BENCHMARKS.md)")
 MEASURED = "measured: the project default (Adam 1e-3, batch 64; BENCHMARKS.md default comparison), no paper setting"
+DIGITS_TUNED_FEEDBACK = ("tuned on validation of digits (orthogonal tanh MLP 4 x 64, seed 0; Adam, grid 1e-3..1e-1 by "
+                         "10^0.5, 1e-1 diverging; the neighbours within one or two of 179 validation examples): "
+                         "compare.py --trainers backprop,fa,usf,brsf,frsf,dfa --tune --tune-grid "
+                         "lr=0.001,0.00316,0.01,0.0316,0.1 --seeds 0, 2026-12-07 (BENCHMARKS.md)")
 MEZO_SETTINGS = "MeZO, Malladi et al. NeurIPS 2023, Algorithm 1 and App. E: plain SGD, eps 1e-3, batch 16"
 FGRAD_SETTINGS = "Baydin et al. 2022, 'Gradients without backpropagation': plain SGD with one Gaussian direction"
 FGRAD_ACT_SETTINGS = ("Ren et al. ICLR 2023, 'Scaling forward gradient with local losses': activity-perturbed, one "
@@ -129,6 +133,10 @@ RECIPES: list[Recipe] = [
                                   batch_size=64), _same(FGRAD_ACT_PAPER, directions=1, distribution="gaussian")),
     Recipe("backprop", (), _ADAM_1E3),
     # the default comparison's model: the learning rates no paper gives, measured (the rest of each recipe above)
+    *(Recipe(t, ("mlp",), {**_same(MEASURED, optimizer="adam", weight_decay=0.0, batch_size=64),
+                           **_same(DIGITS_TUNED_FEEDBACK, lr=lr)})
+      for t, lr in (("backprop", 10 ** -2.5), ("usf", 10 ** -2.5), ("fa", 1e-2), ("brsf", 1e-2), ("frsf", 1e-2),
+                    ("dfa", 1e-2))),
     Recipe("mezo", ("mlp",), {**_same(MEZO_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0,
                                       batch_size=16), **_same(DIGITS_TUNED, lr=1e-3)},
            _same(MEZO_SETTINGS, eps=1e-3, directions=1)),

@@ -56,7 +56,7 @@ class TrainConfig:
     precision: Literal["64", "32", "bf16-mixed", "16-mixed"] | None = option(
         None, "64 or 32: float64 or float32 throughout (--dtype); bf16-mixed, 16-mixed: float32 parameters, the "
               "forward and the engine under torch.autocast in bfloat16 or float16 (16-mixed with a loss scaler); "
-              "none: from --dtype")
+              "not given: --dtype's")
     compile: str | None = option(
         None, "torch.compile the model's forward with this backend (inductor: torch's compiler; aot_eager: traced, "
               "no code generated), checked on the first batch to give the engine's eager gradients (none: eager)")
