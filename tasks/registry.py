@@ -114,6 +114,9 @@ def _build_reference(reference: str, options: dict[str, Any]) -> Task:
     named = [p.name for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     common = {k: v for k, v in options.items() if k in COMMON_OPTIONS}
     given = {k: v for k, v in options.items() if k not in COMMON_OPTIONS}
+    # num_outputs the factory does not name is the made task's (from_datasets), e.g. a stream's classes
+    outputs = {} if "num_outputs" in named or takes_any or "num_outputs" not in given else \
+        {"num_outputs": given.pop("num_outputs")}
     unknown = sorted(k for k in given if k not in named and not takes_any)
     if unknown:
         raise TaskConfigError(f"task factory {attr} takes no option {', '.join(repr(k) for k in unknown)}; "
@@ -133,6 +136,8 @@ def _build_reference(reference: str, options: dict[str, Any]) -> Task:
     except (Exception, SystemExit) as err:  # the user's code: its error in one line, as for a model
         raise TaskConfigError(f"task factory {attr} failed: {one_line(err)}") from None
     if isinstance(made, Task):
+        if outputs:
+            raise TaskConfigError(f"task factory {attr} returned a Task and takes no num_outputs: the Task says it")
         return made
     if isinstance(made, dict) and set(made) >= {"train", "val", "test"}:
         made = dict(made)
@@ -142,12 +147,24 @@ def _build_reference(reference: str, options: dict[str, Any]) -> Task:
         if unknown:
             raise TaskConfigError(f"task factory {attr} returned a dict with {', '.join(map(repr, unknown))}: "
                                   f"besides train, val and test it may hold {', '.join(known)} (tasks.from_datasets)")
-        return from_datasets(*splits, **{"name": attr, **made})
+        return _made(attr, splits, {**outputs, **made})
     if isinstance(made, (tuple, list)) and len(made) == 3:
-        return from_datasets(*made, name=attr)
+        return _made(attr, made, outputs)
     raise TaskConfigError(f"task factory {attr} returned {type(made).__name__} {made!r:.40}, not a Task or the "
                           f"train, val and test data (a tuple of three, or a dict with those keys and "
                           f"tasks.from_datasets's options)")
+
+
+def _made(attr: str, splits, options: dict) -> Task:
+    """``from_datasets`` of a factory's data; a stream without ``num_outputs`` says where to give it."""
+    try:
+        return from_datasets(*splits, **{"name": attr, **options})
+    except TaskConfigError as err:
+        if "give num_outputs" not in str(err):
+            raise
+        raise TaskConfigError(f"{err}: return it with the data, {{'train': ..., 'val': ..., 'test': ..., "
+                              f"'num_outputs': N}}, or pass --task-option num_outputs=N (Python: "
+                              f"tasks.build('{attr}', num_outputs=N))") from None
 
 
 def check_int(task: str, option: str, value: Any, minimum: int = 0) -> int:

@@ -524,3 +524,38 @@ def test_bad_token_files_are_refused_in_one_line(tmp_path):
     (out / "meta.json").unlink()
     with pytest.raises(TaskConfigError, match="no vocabulary size"):
         tasks.build("tokens", data_dir=str(out))
+
+
+STREAM_FACTORY = """
+import torch
+from torch.utils.data import IterableDataset, TensorDataset
+
+
+class Rows(IterableDataset):
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(0)
+        while True:
+            x = torch.randn(4, generator=gen)
+            yield x, int(x[0] > 0) + int(x[1] > 0)
+
+
+def streamed():
+    x = torch.randn(30, 4)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return {"train": Rows(), "val": TensorDataset(x[:15], y[:15]), "test": TensorDataset(x[15:], y[15:])}
+"""
+
+
+def test_a_streamed_factory_without_num_outputs_is_told_where_to_give_it_and_the_command_line_can(tmp_path,
+                                                                                                  capsys):
+    """A factory's stream has no known classes: the one line names the factory's dict and --task-option; the
+    task option, which the factory does not name, reaches the made task, and the run trains."""
+    (tmp_path / "stream_data.py").write_text(STREAM_FACTORY)
+    reference = f"{tmp_path / 'stream_data.py'}:streamed"
+    with pytest.raises(TaskConfigError, match=r"give num_outputs .*: return it with the data, \{'train': \.\.\., "
+                                              r"'val': \.\.\., 'test': \.\.\., 'num_outputs': N\}, or pass "
+                                              r"--task-option num_outputs=N"):
+        tasks.build(reference)
+    assert tasks.build(reference, num_outputs=3).num_outputs == 3
+    assert train_main(["--task", reference, "--task-option", "num_outputs=3", "--steps", "3", "--progress", "false",
+                       "--logdir", str(tmp_path / "runs")]) == 0
