@@ -1,6 +1,6 @@
-"""Every example of README.md, run as written (issue 31).
+"""Every example of README.md and of the guide (docs/guide/*.md, docs/results.md), run as written (issue 31).
 
-The ```python and ```bash blocks are read from README.md itself, so an edit that breaks an example fails here.
+The ```python and ```bash blocks are read from the pages themselves, so an edit that breaks an example fails here.
 Every block is accounted for: each Python block is run by one test below (``PYTHON_BLOCKS``), and each command
 of a bash block (continuation lines joined, comments dropped, ``&&`` splitting two commands) is either run
 (``RUNS``) or listed in ``SKIPPED`` with the reason; a command that is neither, or an entry that no longer
@@ -41,8 +41,22 @@ from gradengines.models.adapters.calling import call_model
 from gradengines.tasks.stream import StreamReader
 
 ROOT = Path(__file__).resolve().parents[1]
-README_PATH = ROOT / "README.md"
-README = README_PATH.read_text()
+GUIDE = ["comparisons", "engines", "precision", "commands", "failures", "your-model", "your-data", "your-loop",
+         "libraries", "threads", "distributed", "models-tasks", "your-engine", "layout"]
+PAGES = [ROOT / "README.md", *(ROOT / "docs" / "guide" / f"{name}.md" for name in GUIDE), ROOT / "docs" / "results.md"]
+"""The newcomer's reading order: the README, then the guide's pages (mkdocs.yml's order), then the results page;
+their commands run in this order, in one folder."""
+README = "".join(page.read_text() if page.exists() else "" for page in PAGES)
+
+
+def where(line: int) -> str:
+    """``file:line`` of a line of the joined pages."""
+    for page in PAGES:
+        count = page.read_text().count("\n") if page.exists() else 0
+        if line <= count:
+            return f"{page.relative_to(ROOT)}:{line}"
+        line -= count
+    return f"?:{line}"
 
 
 # --- the blocks of README.md --------------------------------------------------------------------------------------
@@ -430,7 +444,7 @@ def test_every_readme_block_is_run_or_skipped_with_a_reason():
     for command in readme_commands():
         claims = matches([r.pattern for r in RUNS], command) + matches(SKIPPED, command)
         if len(claims) != 1:
-            problems.append(f"README.md:{command.line}: {command.text!r} is claimed by {len(claims)} entries of "
+            problems.append(f"{where(command.line)}: {command.text!r} is claimed by {len(claims)} entries of "
                             f"RUNS and SKIPPED {claims} (run it in RUNS, or give the reason it cannot run in SKIPPED)")
     for pattern in [r.pattern for r in RUNS] + list(SKIPPED):
         if not any(re.match(pattern, c.text) for c in readme_commands()):
@@ -438,7 +452,7 @@ def test_every_readme_block_is_run_or_skipped_with_a_reason():
     for block in (b for b in blocks if b.lang == "python"):
         claims = [test for first, test in PYTHON_BLOCKS.items() if block.code.startswith(first)]
         if len(claims) != 1:
-            problems.append(f"README.md:{block.line}: the Python block {block.code.splitlines()[0]!r} is run by "
+            problems.append(f"{where(block.line)}: the Python block {block.code.splitlines()[0]!r} is run by "
                             f"{len(claims)} tests {claims}; add it to PYTHON_BLOCKS with a test that runs it")
     for first, test in PYTHON_BLOCKS.items():
         assert callable(globals().get(test)), f"PYTHON_BLOCKS names no test of this file: {test}"
@@ -487,12 +501,12 @@ def test_readme_commands_run_top_to_bottom_in_one_folder(tmp_path, monkeypatch, 
             run.prepare(tmp_path)
         code = invoke(argv + shlex.split(run.shrink))
         out, err = capsys.readouterr()
-        where = f"README.md:{command.line}: {command.text} {run.shrink}"
-        assert code == 0, f"{where}\nexit code {code}\n{err[-3000:]}"
+        place = f"{where(command.line)}: {command.text} {run.shrink}"
+        assert code == 0, f"{place}\nexit code {code}\n{err[-3000:]}"
         try:
             run.check(tmp_path, out + err)
         except Exception as failure:
-            raise AssertionError(f"{where}\n{type(failure).__name__}: {failure}\n{err[-3000:]}") from failure
+            raise AssertionError(f"{place}\n{type(failure).__name__}: {failure}\n{err[-3000:]}") from failure
 
 
 # --- the Python blocks -------------------------------------------------------------------------------------------
@@ -778,3 +792,12 @@ def test_the_lightning_example_learns_the_digits_with_feedback_alignment(monkeyp
     with torch.no_grad():
         accuracy = float((scope["model"](x).argmax(1) == y).double().mean())
     assert accuracy > 0.8, accuracy
+
+
+def test_the_site_lists_the_guide_in_the_order_its_commands_run():
+    """mkdocs.yml's guide is GUIDE, in the same order (the newcomer's reading order is the site's), every page of
+    docs/guide/ in it, and the README links each page."""
+    nav = re.findall(r"guide/([\w-]+)\.md", (ROOT / "mkdocs.yml").read_text())
+    assert nav == GUIDE and sorted(p.stem for p in (ROOT / "docs" / "guide").glob("*.md")) == sorted(GUIDE)
+    front = (ROOT / "README.md").read_text()
+    assert all(f"docs/guide/{name}.md" in front for name in GUIDE) and front.count("\n") <= 250
