@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("../shared/data")  # from the repository root, where the command runs
 
+NOTES = "reference_notes.md"  # what the rows say against the papers, read by a person, appended to the page
 COMMON = ["--tune", "--budget", "time", "--seeds", "0,1,2", "--progress", "false"]
 ROWS = {
     # row: (what it is, its flags on the CPU, the same row larger on a GPU)
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     if args.action == "page":
         from gradengines.trainers.experiments.reference_page import results_page
 
-        print(results_page(Path(args.out), rows, ROWS, Path(args.figures)))
+        print(results_page(Path(args.out), rows, ROWS, Path(args.figures), Path(__file__).with_name(NOTES)))
         return 0
     return run(rows, Path(args.out), args.device, args.size, args.dry_run)
 

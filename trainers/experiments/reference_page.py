@@ -10,6 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
+from gradengines.trainers.experiments.plots import trainer_styles
 from gradengines.trainers.experiments.stats import hierarchical_bootstrap, holm
 from gradengines.trainers.experiments.verdict import (
     LOSS_MARGIN,
@@ -105,8 +106,9 @@ def row_table(folder: Path, refused: dict[str, str]) -> str:
 
 
 def row_figure(folder: Path, path: Path, title: str) -> Path | None:
-    """Validation metric against compute time, each engine's mean over seeds with a band from its worst to its
-    best seed (backprop in black); None where no run has a timed history."""
+    """Validation metric against compute time from the first evaluation every seed made, each engine's mean over
+    seeds with a band from its worst to its best seed, in the comparison figure's styles (backprop black); None
+    where no run has a timed history."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,8 +120,9 @@ def row_figure(folder: Path, path: Path, title: str) -> Path | None:
         return None
     metric = next(iter(records.values()))[0]["metric"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    colors = plt.get_cmap("tab20").colors
-    for i, (run, seeds) in enumerate(sorted(records.items(), key=lambda item: (item[0] != REFERENCE, item[0]))):
+    ordered = sorted(records.items(), key=lambda item: (item[0] != REFERENCE, item[0]))
+    styles = trainer_styles([run for run, _ in ordered])
+    for run, seeds in ordered:
         curves = []
         for r in seeds:
             points = [(h["compute_ms"] / 1e3, h[f"eval/{metric}"]) for h in r["history"]
@@ -128,12 +131,11 @@ def row_figure(folder: Path, path: Path, title: str) -> Path | None:
                 curves.append(np.array(points))
         if not curves:
             continue
-        end = min(c[-1, 0] for c in curves)
-        grid = np.linspace(0, end, 50)
+        start, end = max(c[0, 0] for c in curves), min(c[-1, 0] for c in curves)  # where every seed was evaluated
+        grid = np.linspace(start, end, 50)
         values = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
-        color = "black" if run == REFERENCE else colors[i % len(colors)]
-        ax.plot(grid, values.mean(0), color=color, label=run, lw=2.2 if run == REFERENCE else 1.4)
-        ax.fill_between(grid, values.min(0), values.max(0), color=color, alpha=0.15)
+        ax.plot(grid, values.mean(0), label=run, lw=2.2 if run == REFERENCE else 1.4, **styles[run])
+        ax.fill_between(grid, values.min(0), values.max(0), color=styles[run]["color"], alpha=0.15)
     ax.set_xlabel("compute time (s, timed steps)")
     ax.set_ylabel(f"validation {metric}")
     if metric == "perplexity":
@@ -147,8 +149,10 @@ def row_figure(folder: Path, path: Path, title: str) -> Path | None:
     return path
 
 
-def results_page(out: Path, rows: list[str], definitions: dict, figures: Path | None = None) -> str:
-    """The whole page (Markdown): per row, its command, when and on what it ran, its table and figure."""
+def results_page(out: Path, rows: list[str], definitions: dict, figures: Path | None = None,
+                 notes: Path | None = None) -> str:
+    """The whole page (Markdown): per row, its command, when and on what it ran, its table and figure; then
+    ``notes`` (a Markdown file: what the rows say against the papers, written by whoever read them)."""
     parts = ["# Reference results\n",
              "What each gradient engine gains or loses against exact backpropagation, in accuracy, speed and "
              "memory: every engine each model allows, its learning rate tuned on the validation split (a log grid "
@@ -172,4 +176,6 @@ def results_page(out: Path, rows: list[str], definitions: dict, figures: Path | 
                      f"{machine} ({info['device']}).\n\n{row_table(folder, info.get('refused', {}))}")
         if figures is not None and row_figure(folder, figures / f"results-{row}.png", f"{row}: {what}"):
             parts.append(f"\n![{row}](figures/results-{row}.png)\n")
+    if notes is not None and notes.exists():
+        parts.append("\n" + notes.read_text())
     return "".join(parts)
