@@ -420,3 +420,45 @@ def test_compare_takes_each_trainers_options_with_its_name(tmp_path, capsys):
                          "--steps", "1", "--seeds", "0", "--logdir", str(tmp_path / "runs"), "--progress", "false"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "kk" in err[0] and not (tmp_path / "runs").exists()
+
+
+class RotaryBlock(nn.Module):
+    """A decoder layer reading its own (cos, sin) tables besides the state, as Gemma 3n's layers do."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.proj = nn.LayerNorm(width), nn.Linear(width, width)
+
+    def forward(self, h, rope):
+        cos, sin = rope
+        return h + self.proj(self.norm(h) * cos + torch.roll(h, 1, -1) * sin)
+
+
+class PerLayerTables(nn.Module):
+    """Sliding and full layers alternate, each handed its own tuple of tables (tensors compared by identity)."""
+
+    def __init__(self, width=6, depth=4):
+        super().__init__()
+        self.embed, self.head = nn.Linear(5, width), nn.Linear(width, 3)
+        self.layers = nn.ModuleList(RotaryBlock(width) for _ in range(depth))
+        angles = torch.linspace(0, 1, width)
+        self.tables = [(torch.cos(angles * (1 + i % 2)), torch.sin(angles * (1 + i % 2))) for i in range(depth)]
+
+    def forward(self, x):
+        h = self.embed(x)
+        for layer, rope in zip(self.layers, self.tables, strict=True):
+            h = layer(h, rope)
+        return self.head(h)
+
+
+def test_blocks_each_given_their_own_tuple_of_tensors_are_found_and_exact_never_a_traceback():
+    """Discovery compared the arguments blocks receive with ==, and a tuple of tensors made it evaluate a tensor's
+    truth (RuntimeError on Gemma 3n): tuples are compared item by item, tensors by identity; the blocks are found,
+    and Highway-BP at k >= L equals autograd."""
+    torch.manual_seed(0)
+    model = PerLayerTables().double()
+    x, y = torch.randn(8, 5, dtype=torch.float64), torch.randint(0, 3, (8,))
+    stack = models.residual_stack(model, example=(x[:2], y[:2]))
+    assert "4 blocks (RotaryBlock in layers)" in stack.found
+    exact = autograd_grads(model, cross_entropy_loss(model(x), y))
+    assert relative(engine_grads(stack, trainers.build_engine("highway", k=4), x, y, strip="model."), exact) < 1e-10

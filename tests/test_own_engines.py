@@ -21,29 +21,10 @@ from gradengines.trainers.run.hparams import session_hparams
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RULE = '''
-import dataclasses
-import torch
-from gradengines import blocks
-
-
-class SignSGD(blocks.GradientEngine):
-    """sign-SGD (Bernstein et al. 2018): the sign of backprop's gradient, times scale."""
-
-    @dataclasses.dataclass
-    class Options:
-        scale: float = blocks.option(1.0, "multiplies the sign")
-
-    recipe = {"optimizer": ("sgd", "Bernstein et al. 2018, Sec. 5"), "lr": (0.01, "tuned on digits"),
-              "scale": (0.5, "half a step")}
-
-    def compute_grads(self, model, inputs, targets, loss_fn):
-        params = [p for _, p in blocks.trainable_parameters(model)]
-        outputs, loss = blocks.forward_loss(model, inputs, targets, loss_fn)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        blocks.write_grads(params, [None if g is None else self.options.scale * g.sign() for g in grads])
-        return blocks.StepOutput(loss=loss.detach(), outputs=outputs.detach())
-'''
+RULE = (ROOT / "examples" / "sign_sgd" / "sign_sgd.py").read_text() + """
+SignSGD.recipe = {"optimizer": ("sgd", "Bernstein et al. 2018, Sec. 5"), "lr": (0.01, "tuned on digits"),
+                  "scale": (0.5, "half a step")}
+"""  # the README's rule, its recipe naming an option of its own too
 
 QUICK = ["--model", "mlp", "--depth", "2", "--width", "16", "--task", "teacher", "--task-option", "n_train=64",
          "--task-option", "n_val=32", "--task-option", "n_test=32", "--steps", "4", "--progress", "false"]

@@ -568,11 +568,28 @@ def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float)
     return whole
 
 
+def _same_value(a, b) -> bool:
+    """The same argument: the same tensor object, containers of the same values (Gemma 3n hands each layer its own
+    tuple of rotary tables: compared item by item, never by a tensor's truth), or other values equal."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a truth value (an array, a tensor inside its own container)
+        return False
+
+
 def _same_arguments(call: _Call, first: _Call, where: int | str) -> bool:
     """``call`` is given what ``first`` is besides the state: the same tensors, equal other values."""
     rest = [a for i, a in enumerate(call.args) if i != where]
     return len(call.args) == len(first.args) and call.kwargs.keys() == first.kwargs.keys() and all(
-        a is b or (not isinstance(a, torch.Tensor) and a == b)
+        _same_value(a, b)
         for a, b in zip(rest + [v for k, v in call.kwargs.items() if k != where],
                         [a for i, a in enumerate(first.args) if i != where]
                         + [v for k, v in first.kwargs.items() if k != where], strict=True))
