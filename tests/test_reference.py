@@ -106,3 +106,33 @@ def test_seeds_auto_adds_seeds_while_a_word_is_undecided(tmp_path, monkeypatch):
     monkeypatch.setattr(compare_cli, "undecided_runs", lambda *_: [])
     assert compare_cli.compare_main([*flags, "--experiment", "decided"]) == 0
     assert sorted(p.name for p in (tmp_path / "decided" / "fa").iterdir()) == ["seed0", "seed1", "seed2"]
+
+
+@pytest.mark.parametrize("task_name", ["teacher", "ptb-word"])
+def test_each_test_example_s_share_adds_up_to_the_test_metric(tmp_path, task_name):
+    """result.json's test_outcomes: per test example, its correct targets (accuracy) or summed token loss
+    (perplexity), and its counted targets; summed, they are the split's test metric."""
+    import math
+
+    from helpers import write_tiny_ptb
+
+    from gradengines import models, tasks, trainers
+
+    if task_name == "ptb-word":
+        write_tiny_ptb(tmp_path, lines=(60, 12, 12), words_per_line=8)
+        task = tasks.build("ptb-word", data_dir=tmp_path, seq_len=8)
+        torch_model = models.build("rnn_lm", in_features=8, out_features=task.num_outputs, hidden=8)
+    else:
+        task = tasks.build("teacher", n_train=64, n_val=16, n_test=24, in_features=6)
+        torch_model = models.build("mlp", in_features=task.in_features, out_features=task.num_outputs)
+    trainer = trainers.Trainer(torch_model, trainers.build_engine("backprop"), task, logdir=tmp_path, progress=False,
+                               batch_size=8)
+    report = trainer.fit(steps=3)
+    record = json.loads((trainer.run_dir / "result.json").read_text())
+    values, counts = record["test_outcomes"]["values"], record["test_outcomes"]["counts"]
+    assert len(values) == len(counts) == len(task.test)
+    share = sum(values) / sum(counts)
+    if task.metric_name == "perplexity":
+        assert math.exp(share) == pytest.approx(report["test"]["perplexity"], rel=1e-5)
+    else:
+        assert share == pytest.approx(report["test"]["accuracy"], abs=1e-12)

@@ -336,7 +336,7 @@ def test_a_sequential_that_is_not_a_layer_stack_is_refused_in_one_line(build, ex
 
 
 def test_the_readme_sequential_example_runs():
-    """The README's own-loop example, as written there, on digits batches."""
+    """The guide's own-loop example (your-model.md), as written there, on digits batches."""
     import re
     from pathlib import Path
 
@@ -345,8 +345,8 @@ def test_the_readme_sequential_example_runs():
 
     from gradengines import tasks, trainers
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n(net = nn\.Sequential.*?)```", readme, re.S).group(1)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "your-model.md").read_text()  # its page
+    code = re.search(r"```python\n(net = nn\.Sequential.*?)```", page, re.S).group(1)
     task = tasks.build("digits")
     loader = [(task.train.inputs[i:i + 64], task.train.targets[i:i + 64]) for i in range(0, 256, 64)]
     scope = {"nn": nn, "torch": torch, "models": models, "trainers": trainers, "loader": loader}

@@ -186,6 +186,7 @@ class Trainer:
         self.finished_before = False  # fit(resume=True) found the run finished: it wrote nothing
         self.best: dict | None = None  # {"step", "val": {...}, "state": state_dict}
         self.test_outcomes: dict | None = None  # the best model's per-example test outcomes {"values", "counts"}
+        self._outcomes: list | None = None  # where evaluate adds them while the test split is evaluated
         self.history: list[dict] = []  # every logged record, as in metrics.jsonl
         self.step_times: list[float] = []  # seconds per whole loop iteration
         self._order: tuple[int, Any] | None = None  # (epoch, the training keys of that epoch in order)
@@ -244,11 +245,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, split: str = "val", rows: torch.Tensor | None = None,
-                 on_batch: Callable[[int, int], None] | None = None,
-                 outcomes: list | None = None) -> dict[str, float]:
+                 on_batch: Callable[[int, int], None] | None = None) -> dict[str, float]:
         """Mean loss and metric over a split (or its ``rows``), in eval mode (no dropout); each rank
-        evaluates its shard; ``on_batch(done, batches)`` after each batch (progress); ``outcomes``: a list that
-        gets each batch's per-example ``(values, counts)`` (``tasks.base.per_example``), in the split's order.
+        evaluates its shard; ``on_batch(done, batches)`` after each batch (progress). While ``_final_report``
+        keeps the test split's per-example outcomes, each batch's ``(values, counts)``
+        (``tasks.base.per_example``) is added to them, in the split's order.
 
         Batches are weighted by their counted targets (tokens other than ``IGNORE_INDEX``), so
         the mean is over every counted token of the split, padded sentences included.
@@ -269,8 +270,8 @@ class Trainer:
                 n = float((y != IGNORE_INDEX).sum())
                 total_loss += self.task.loss_fn(out, y).item() * n
                 total_metric += float(self.task.metric(out, y)) * n
-                if outcomes is not None:
-                    outcomes.append(per_example(self.task.metric_name, self.task.loss_fn, out.float(), y))
+                if self._outcomes is not None:
+                    self._outcomes.append(per_example(self.task.metric_name, self.task.loss_fn, out.float(), y))
             counted += n
             if on_batch is not None:
                 on_batch(start // self.cfg.eval_batch_size + 1, batches)
@@ -461,8 +462,12 @@ class Trainer:
     def _evaluate(self, split: str, progress: Progress, *, rows=None, model: str | None = None,
                   outcomes: list | None = None) -> dict[str, float]:
         """``evaluate``, its progress while it runs and its line."""
-        with progress.evaluating(split, model) as on_batch:
-            result = self.evaluate(split, rows, on_batch, outcomes)
+        self._outcomes = outcomes
+        try:
+            with progress.evaluating(split, model) as on_batch:
+                result = self.evaluate(split, rows, on_batch)
+        finally:
+            self._outcomes = None
         metric, n = self.task.metric_name, len(getattr(self.task, split))
         progress.evaluated(split, metric, result[metric], samples=n if rows is None else len(rows), of=n,
                            batch_size=self.cfg.eval_batch_size, model=model)
