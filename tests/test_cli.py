@@ -49,6 +49,11 @@ BAD_INPUTS = {
     "unknown task option": (["--task", "teacher", "--task-option", "nope=1"], "'nope'"),
     "malformed task option": (["--task-option", "n_train"], "KEY=VALUE"),
     "negative steps": (["--steps", "-3"], "at least one step"),
+    "precision against dtype": (["--precision", "64", "--dtype", "float32"],
+                                "--precision 64 is float64 throughout; --dtype float32 asks for float32"),
+    "dtype against precision": (["--precision", "32", "--dtype", "float64"], "--precision 32 keeps float32"),
+    "an eps no parameter feels": (["--trainer", "mezo", "--mezo-eps", "1e-300"],
+                                  "--mezo-eps 1e-300 moves no parameter in float32: eps x z is below"),
 }
 
 

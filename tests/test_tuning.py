@@ -40,7 +40,10 @@ def test_grid_parsing_and_the_default_learning_rate_grid():
 @pytest.mark.parametrize("items, expected", [
     (["lr"], "expects KEY=V1,V2"), (["lr="], "expects KEY=V1,V2"), (["nope=1"], "not a training option"),
     (["seed=1,2"], "not a training option"), (["dsf.feedback=tied"], "not one of the trainers compared"),
-    (["foton.nope=1"], "has no option 'nope'")])
+    (["foton.nope=1"], "has no option 'nope'"),
+    (["lr=1e-3,"], r"--tune-grid lr has an empty item \(a trailing or doubled comma\): '1e-3,'"),
+    (["lr=1e-3,,1e-2"], "has an empty item"),
+    (["lr=1e-3", "lr=1e-2"], r"--tune-grid lr is given twice \(0.001 and 1e-2\): give its values once")])
 def test_bad_grids_are_one_line_errors(items, expected):
     with pytest.raises(ConfigError, match=expected) as err:
         parse_grid(items, ["foton", "backprop"])

@@ -436,6 +436,10 @@ def check_run_flags(args) -> None:
     for what in ("experiment", "run_name"):  # the folder names, before anything is built
         if getattr(args, what, None) is not None:
             check_folder_name(what, getattr(args, what))
+    training = options_from_args(args, TrainConfig)
+    if training.get("precision") == "64" and training.get("dtype") == "float32":  # --precision 64 is float64
+        raise ConfigError("--precision 64 is float64 throughout; --dtype float32 asks for float32: give one of the "
+                          "two (--precision 32 is --dtype float32)")
     given = getattr(args, "seeds", None) or ""
     for seed in int_list("" if given == "auto" else given, "--seeds", unique=True):
         check_seed(seed, "--seeds")

@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from gradengines.models.adapters.calling import forward_loss
 from gradengines.trainers.core.engine import GradientEngine, StepOutput, trainable_parameters, write_grads
-from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.errors import ConfigError, spell
 from gradengines.trainers.core.options import option
 from gradengines.trainers.core.registry import register_engine
 from gradengines.trainers.engines.directions import direction_of
@@ -116,7 +116,17 @@ class MeZO(GradientEngine):
         return lambda k, p: direction_of(p.shape, p, o.distribution, o.seed, step, index, k)
 
     def first_batch_check(self, model, inputs, targets, loss_fn) -> None:
-        """Every trainable parameter is perturbed where it is used (module docstring)."""
+        """The perturbation moves some parameter in its own dtype (an eps below every parameter's resolution gives
+        equal losses and a zero gradient at every step); every trainable parameter is perturbed where it is used
+        (module docstring)."""
+        draw, eps = self._draw(0, 0), self.options.eps
+        with torch.no_grad():
+            if not any(bool((p + eps * draw(k, p) != p).any())
+                       for k, (_, p) in enumerate(trainable_parameters(model))):
+                dtypes = sorted({str(p.dtype).removeprefix("torch.") for _, p in trainable_parameters(model)})
+                raise ConfigError(f"{spell('mezo_eps')} {eps:g} moves no parameter in {', '.join(dtypes)}: eps x z is "
+                                  f"below every parameter's resolution, so both perturbed losses are equal and the "
+                                  f"gradient is zero at every step; use a scale near the paper's 1e-3")
         names = {id(p): name for name, p in trainable_parameters(model)}
         mode = _Unperturbed(names)
         with torch.no_grad(), perturbed(model, self.options.eps, self._draw(0, 0)), mode:

@@ -59,6 +59,11 @@ def parse_grid(items: list[str], trainers: list[str]) -> dict[str, list]:
         values = [_value(v.strip()) for v in text.split(",") if v.strip()]
         if not sep or not values:
             raise ConfigError(f"--tune-grid expects KEY=V1,V2,..., got {item!r}")
+        if any(not v.strip() for v in text.split(",")):
+            raise ConfigError(f"--tune-grid {key} has an empty item (a trailing or doubled comma): {text!r}")
+        if key in grid:
+            raise ConfigError(f"--tune-grid {key} is given twice ({','.join(map(str, grid[key]))} and {text}): "
+                              f"give its values once, as one list")
         trainer, dot, option = key.partition(".")
         if dot:
             if trainer not in trainers:
