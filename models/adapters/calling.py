@@ -327,7 +327,7 @@ def _target_kwargs(model: nn.Module, plan: "_Plan", targets: torch.Tensor | None
     if targets is not None:
         passed = (targets.transpose(0, 1) if time_first and targets.dim() > 1 else targets).contiguous()
         kwargs = dict.fromkeys(plan.targets, passed)  # contiguous: transformers' losses view them
-    if _encoder_decoder(model) and "labels" not in kwargs:
+    if _encoder_decoder(model) and "labels" not in kwargs and not _classifies(model, targets):
         kwargs["decoder_input_ids"] = _decoder_inputs(model, targets)
     return kwargs
 
@@ -353,6 +353,13 @@ def _encoder_decoder(model: nn.Module) -> bool:
         return "decoder_input_ids" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _classifies(model: nn.Module, targets: torch.Tensor | None) -> bool:
+    """A sequence-classification head of an encoder-decoder family (BART's, T5's, ...), given class ids: it makes
+    its decoder's inputs from its own input ids (transformers' shift), so none are passed; its LM head is not."""
+    return (type(model).__name__.endswith("ForSequenceClassification") and targets is not None
+            and targets.dim() == 1 and not targets.is_floating_point())
 
 
 def _decoder_inputs(model: nn.Module, targets: torch.Tensor | None) -> torch.Tensor:
