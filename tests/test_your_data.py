@@ -2,6 +2,7 @@
 memory-mapped token files (the ``tokens`` task), ``--task FILE.py:factory``, and their bad inputs."""
 
 import json
+import re
 import runpy
 from pathlib import Path
 
@@ -559,3 +560,33 @@ def test_a_streamed_factory_without_num_outputs_is_told_where_to_give_it_and_the
     assert tasks.build(reference, num_outputs=3).num_outputs == 3
     assert train_main(["--task", reference, "--task-option", "num_outputs=3", "--steps", "3", "--progress", "false",
                        "--logdir", str(tmp_path / "runs")]) == 0
+
+
+def _per_example(outputs, targets):
+    return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
+def _as_float(outputs, targets):
+    return float(torch.nn.functional.cross_entropy(outputs, targets))
+
+
+def _detached(outputs, targets):
+    return torch.nn.functional.cross_entropy(outputs.detach(), targets)
+
+
+@pytest.mark.parametrize("loss_fn, says", [
+    (_per_example, "its loss _per_example returned a tensor of shape (2,), not one number: reduce it over the batch"),
+    (_as_float, "its loss _as_float returned a float, not a tensor"),
+    (_detached, "its loss _detached is detached from the outputs"),
+])
+def test_a_task_loss_that_is_not_one_differentiable_number_is_one_line_before_anything_is_written(loss_fn, says,
+                                                                                                   tmp_path):
+    """A loss with reduction='none', a Python float or a detached tensor ended in autograd's own words at step 0,
+    the run's folder left behind: refused when the Trainer checks the task against the model."""
+    x, y = features(n=40)
+    task = tasks.from_datasets(TensorDataset(x[:24], y[:24]), TensorDataset(x[24:32], y[24:32]),
+                               TensorDataset(x[32:], y[32:]), loss_fn=loss_fn)
+    model = models.build("mlp", in_features=8, out_features=task.num_outputs, depth=2, width=8)
+    with pytest.raises(TaskConfigError, match=re.escape(says)):
+        trainers.Trainer(model, trainers.build_engine("backprop"), task, logdir=tmp_path / "runs").fit(steps=2)
+    assert not (tmp_path / "runs").exists()

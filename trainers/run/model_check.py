@@ -6,6 +6,7 @@ import torch
 from gradengines.models.adapters.calling import call_model, forward_loss, model_call, own_loss_difference, passes_state
 from gradengines.models.adapters.calling import describe as describe_call
 from gradengines.models.errors import ModelConfigError, one_line
+from gradengines.tasks.errors import TaskConfigError
 from gradengines.trainers.core.errors import ConfigError, on_command_line
 from gradengines.trainers.core.self_check import kept
 from gradengines.trainers.run.notes import note
@@ -68,6 +69,28 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
         raise ConfigError(
             f"model outputs {tuple(y.shape[1:])} per sample but task '{task.name}' expects {expected}{classes}"
         )
+    _check_task_loss(task, y, targets)
+
+
+def _check_task_loss(task, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """The task's loss of the first batch is one number, a tensor the engines can differentiate: a loss with
+    reduction='none' (one per example) or a Python float ended in autograd's own words at step 0, the run's folder
+    written; refused here, before it is."""
+    name = getattr(task.loss_fn, "__name__", type(task.loss_fn).__name__)
+    try:
+        loss = task.loss_fn(outputs.detach().requires_grad_(), targets)
+    except Exception as err:  # the user's loss on the model's own outputs
+        raise TaskConfigError(f"task '{task.name}': its loss {name} fails on the model's outputs "
+                              f"{tuple(outputs.shape)} and targets {tuple(targets.shape)}: {one_line(err)}") from None
+    if not isinstance(loss, torch.Tensor):
+        raise TaskConfigError(f"task '{task.name}': its loss {name} returned a {type(loss).__name__}, not a tensor: "
+                              f"compute it with torch from the outputs, so that it has a gradient")
+    if loss.numel() != 1:
+        raise TaskConfigError(f"task '{task.name}': its loss {name} returned a tensor of shape {tuple(loss.shape)}, "
+                              f"not one number: reduce it over the batch (reduction='mean')")
+    if not loss.requires_grad:
+        raise TaskConfigError(f"task '{task.name}': its loss {name} is detached from the outputs (no gradient "
+                              f"reaches the model): compute it from them with torch, without .item() or .detach()")
 
 
 def _check_trainable(model, own: torch.Tensor) -> None:
