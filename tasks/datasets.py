@@ -73,7 +73,20 @@ class DatasetSplit(DataSplit):
         return self._targets
 
     def _take(self, keys: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        return collate_items([self.dataset[int(k)] for k in keys], self.collate, self.name)
+        return collate_items([self._item(int(k)) for k in keys], self.collate, self.name)
+
+    def _item(self, key: int) -> Any:
+        """The dataset's row ``key``; what its ``__getitem__`` raises is one line naming the split and the row, as a
+        stream's failure is (an OSError stays one: a disk's, said as the run's)."""
+        try:
+            return self.dataset[key]
+        except (TaskConfigError, OSError):
+            raise
+        except IndexError as err:
+            raise TaskConfigError(f"the {self.name} dataset has no row {key} ({one_line(err)}), though its __len__ "
+                                  f"says {self._size}: __len__ must count the rows __getitem__ serves") from None
+        except Exception as err:  # the user's dataset
+            raise TaskConfigError(f"the {self.name} dataset failed on row {key}: {one_line(err)}") from None
 
 
 def _from_loader(loader: DataLoader, collate: Callable | None, name: str) -> tuple[Any, Callable | None]:

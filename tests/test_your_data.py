@@ -590,3 +590,57 @@ def test_a_task_loss_that_is_not_one_differentiable_number_is_one_line_before_an
     with pytest.raises(TaskConfigError, match=re.escape(says)):
         trainers.Trainer(model, trainers.build_engine("backprop"), task, logdir=tmp_path / "runs").fit(steps=2)
     assert not (tmp_path / "runs").exists()
+
+
+class Decoder(Dataset):
+    """A user's dataset whose decoding of one row fails (``broken``), or whose __len__ counts rows it has not."""
+
+    def __init__(self, broken=None, extra=0):
+        self.x, self.y = features(n=48)
+        self.broken, self.extra = broken, extra
+
+    def __len__(self):
+        return len(self.x) + self.extra
+
+    def __getitem__(self, i):
+        if i == self.broken:
+            raise ValueError(f"decoder crashed on row {i}")
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize("train, says", [
+    (Decoder(broken=3), "the train dataset failed on row 3: ValueError: decoder crashed on row 3"),
+    (Decoder(extra=5), "the train dataset has no row 48 (IndexError: index 48 is out of bounds"),
+])
+def test_a_dataset_failing_on_a_row_is_one_line_naming_the_split_and_the_row(train, says):
+    x, y = features(n=20)
+    with pytest.raises(TaskConfigError, match=re.escape(says)) as err:
+        tasks.from_datasets(train, TensorDataset(x[:10], y[:10]), TensorDataset(x[10:], y[10:]))
+    assert "\n" not in str(err.value)
+
+
+def test_a_dataset_failing_midway_through_training_is_one_line_and_says_what_was_kept(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """Row 40 fails only once training reads it (the task was made: every label read, but row 40's decoding
+    fails the second time): one line, exit 2, what was kept said."""
+    (tmp_path / "late.py").write_text(
+        "import torch\nfrom torch.utils.data import Dataset, TensorDataset\n"
+        "class Late(Dataset):\n"
+        "    reads = 0\n"
+        "    def __len__(self):\n        return 48\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 40:\n"
+        "            Late.reads += 1\n"
+        "            if Late.reads > 1:\n                raise ValueError('decoder crashed on row 40')\n"
+        "        g = torch.Generator().manual_seed(i)\n"
+        "        return torch.randn(8, generator=g), i % 3\n"
+        "def factory():\n"
+        "    x = torch.randn(20, 8)\n"
+        "    y = torch.arange(20) % 3\n"
+        "    return Late(), TensorDataset(x[:10], y[:10]), TensorDataset(x[10:], y[10:])\n")
+    code = train_main(["--task", f"{tmp_path / 'late.py'}:factory", "--epochs", "3", "--batch-size", "8",
+                       "--progress", "false", "--logdir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "the train dataset failed on row 40: ValueError: decoder crashed on row 40; " in err
+    assert "the last checkpoint (step " in err or "no checkpoint was written" in err
