@@ -619,28 +619,32 @@ def test_a_dataset_failing_on_a_row_is_one_line_naming_the_split_and_the_row(tra
     assert "\n" not in str(err.value)
 
 
-def test_a_dataset_failing_midway_through_training_is_one_line_and_says_what_was_kept(tmp_path, capsys,
-                                                                                       monkeypatch):
-    """Row 40 fails only once training reads it (the task was made: every label read, but row 40's decoding
-    fails the second time): one line, exit 2, what was kept said."""
-    (tmp_path / "late.py").write_text(
-        "import torch\nfrom torch.utils.data import Dataset, TensorDataset\n"
-        "class Late(Dataset):\n"
-        "    reads = 0\n"
-        "    def __len__(self):\n        return 48\n"
-        "    def __getitem__(self, i):\n"
-        "        if i == 40:\n"
-        "            Late.reads += 1\n"
-        "            if Late.reads > 1:\n                raise ValueError('decoder crashed on row 40')\n"
-        "        g = torch.Generator().manual_seed(i)\n"
-        "        return torch.randn(8, generator=g), i % 3\n"
-        "def factory():\n"
-        "    x = torch.randn(20, 8)\n"
-        "    y = torch.arange(20) % 3\n"
-        "    return Late(), TensorDataset(x[:10], y[:10]), TensorDataset(x[10:], y[10:])\n")
-    code = train_main(["--task", f"{tmp_path / 'late.py'}:factory", "--epochs", "3", "--batch-size", "8",
-                       "--progress", "false", "--logdir", str(tmp_path / "runs")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert "the train dataset failed on row 40: ValueError: decoder crashed on row 40; " in err
-    assert "the last checkpoint (step " in err or "no checkpoint was written" in err
+class Late(Dataset):
+    """Row 40 decodes twice (the labels and the task's fingerprint read it), then fails: once training reads it."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        if i == 40:
+            self.reads += 1
+            if self.reads > 2:
+                raise ValueError("decoder crashed on row 40")
+        return torch.randn(8, generator=torch.Generator().manual_seed(i)), i % 3
+
+
+def test_a_dataset_failing_midway_through_training_is_one_line_and_says_what_was_kept(tmp_path):
+    x, y = features(n=20)
+    task = tasks.from_datasets(Late(), TensorDataset(x[:10], y[:10]), TensorDataset(x[10:], y[10:]))
+    model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
+    trainer = trainers.Trainer(model, trainers.build_engine("backprop"), task, logdir=tmp_path, batch_size=8,
+                               progress=False, checkpoint_every=1)
+    with pytest.raises(TaskConfigError) as err:
+        trainer.fit(epochs=3)
+    said = str(err.value)
+    assert said.startswith("the train dataset failed on row 40: ValueError: decoder crashed on row 40; ")
+    assert "the last checkpoint (step " in said or "no checkpoint was written" in said
+    assert "\n" not in said
