@@ -185,3 +185,13 @@ def test_an_engine_refusing_every_model_given_says_so():
 def test_a_model_to_check_on_must_be_a_case_a_name_or_a_tuple():
     with pytest.raises(TypeError, match="a model to check on is a Case, a default case's name"):
         check_engine("backprop", models=["resnet"])
+
+
+@pytest.mark.parametrize("engine", ["backprop", "fa", "dfa", "fgrad", "mezo"])
+def test_a_model_with_every_parameter_frozen_is_one_line_through_the_python_api(engine):
+    """The Trainer refused it; an engine called alone wrote nothing and said nothing (FA ran silently)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model.requires_grad_(False)
+    with pytest.raises(ge.ModelConfigError, match=f"trainer '{engine}': Sequential has no trainable parameter"):
+        ge.build_engine(engine).compute_grads(model, torch.randn(6, 4), torch.tensor([0, 1, 2] * 2),
+                                              torch.nn.functional.cross_entropy)

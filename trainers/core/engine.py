@@ -156,6 +156,10 @@ class GradientEngine:
         checked = self.__dict__.setdefault("_checked_models", weakref.WeakSet())
         if model not in checked:
             threads_for_api()
+            if not trainable_parameters(model):  # as the Trainer refuses it: an engine alone would write nothing
+                raise ModelConfigError(f"trainer '{self.name}': {type(model).__name__} has no trainable parameter "
+                                       f"(none at all, or every one has requires_grad=False): there is nothing to "
+                                       f"train")
             self.check(model)
             self.first_batch_check(model, inputs, targets, loss_fn)
             checked.add(model)
