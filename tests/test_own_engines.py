@@ -4,7 +4,6 @@ trained, compared (summary, HParams, where it came from) and tuned like a built-
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from helpers import one_line_error
 
 import gradengines as ge
 from gradengines.trainers.cli import compare_main, train_main
+from gradengines.trainers.core import registry
 from gradengines.trainers.run.hparams import session_hparams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,13 +103,7 @@ def plugin_site(tmp_path: Path, name: str = "signplugin", distribution: str = "l
     return site
 
 
-def run_script(script: str, *args: str, sites: list[Path], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, sites))}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_the_example_plugin_once_installed_is_listed_and_compared_by_name(tmp_path):
+def test_the_example_plugin_once_installed_is_listed_and_compared_by_name(tmp_path, monkeypatch, capsys):
     """examples/sign_sgd, pip-installed (into a folder on the path, as into site-packages): listed by --help with
     its flags, compared by its entry point's name, and summary.md says which distribution it came from."""
     source = tmp_path / "source"  # pip builds in the tree it is given: a copy keeps the checkout clean
@@ -117,31 +111,39 @@ def test_the_example_plugin_once_installed_is_listed_and_compared_by_name(tmp_pa
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                     "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
-    shown = run_script("train.py", "--help", sites=[site], cwd=tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    assert "signsgd" in shown.stdout.split("trainers:")[1].splitlines()[0] and "--signsgd-scale" in shown.stdout
-    done = run_script("compare.py", *QUICK, "--trainers", "backprop,signsgd", "--seeds", "0", "--logdir", "runs",
-                      "--experiment", "plugin", sites=[site], cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    monkeypatch.syspath_prepend(str(site))  # in this process, as site-packages holds it
+    monkeypatch.setattr(registry, "_PLUGINS", [])
+    with pytest.raises(SystemExit):
+        train_main(["--help"])
+    shown = capsys.readouterr().out
+    assert "signsgd" in shown.split("trainers:")[1].splitlines()[0] and "--signsgd-scale" in shown
+    assert compare_main([*QUICK, "--trainers", "backprop,signsgd", "--seeds", "0", "--logdir", str(tmp_path / "runs"),
+                         "--experiment", "plugin"]) == 0
     summary = (tmp_path / "runs" / "plugin" / "summary.md").read_text()
     assert "- signsgd: SignSGD from plugin gradengines-sign-sgd 0.1.0 (signsgd = sign_sgd:SignSGD)" in summary
     assert "| signsgd | sgd | 0.001 |" in summary  # its recipe
 
 
-def test_a_plugin_that_fails_to_import_or_takes_a_taken_name_is_one_line(tmp_path):
-    broken = plugin_site(tmp_path, "broken", "broken-rules", body="raise ImportError('needs jax')\n")
-    clash = plugin_site(tmp_path, "fa", "clashing-rules")
-    twice = [plugin_site(tmp_path, "signplugin", "lab-rules"), plugin_site(tmp_path, "signplugin", "other-rules")]
-    for sites, says in (([broken], "error: plugin engine 'broken' (broken-rules 1.2, broken_rules:SignSGD) failed "
-                                   "to import: ImportError: needs jax\n"),
-                        ([clash], "error: two engines are named 'fa': the built-in engine and the plugin of "
-                                  "clashing-rules 1.2 (fa = clashing_rules:SignSGD); give one another name "
-                                  "attribute\n"),
-                        (twice, "error: two installed plugins name an engine 'signplugin': lab-rules and other-rules; "
-                                "uninstall one\n")):
-        done = run_script("train.py", "--steps", "1", sites=sites, cwd=tmp_path)
-        assert (done.returncode, done.stderr) == (2, says)
-        assert not (tmp_path / "runs").exists()
+@pytest.mark.parametrize("case", ["broken", "clash", "twice"])
+def test_a_plugin_that_fails_to_import_or_takes_a_taken_name_is_one_line(case, tmp_path, monkeypatch, capsys):
+    """Installed plugins are read when a command starts (here in this process, their folders on the path): one that
+    fails to import, or names an engine another holds, stops every command in one line, exit 2, nothing written."""
+    sites = {"broken": [plugin_site(tmp_path, "broken", "broken-rules", body="raise ImportError('needs jax')\n")],
+             "clash": [plugin_site(tmp_path, "fa", "clashing-rules")],
+             "twice": [plugin_site(tmp_path, "signplugin", "lab-rules"),
+                       plugin_site(tmp_path, "signplugin", "other-rules")]}[case]
+    says = {"broken": "error: plugin engine 'broken' (broken-rules 1.2, broken_rules:SignSGD) failed to import: "
+                      "ImportError: needs jax\n",
+            "clash": "error: two engines are named 'fa': the built-in engine and the plugin of clashing-rules 1.2 "
+                     "(fa = clashing_rules:SignSGD); give one another name attribute\n",
+            "twice": "error: two installed plugins name an engine 'signplugin': lab-rules and other-rules; uninstall "
+                     "one\n"}[case]
+    for site in reversed(sites):
+        monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "_PLUGINS", [])  # read again, with these on the path
+    assert train_main(["--steps", "1", "--logdir", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == says
+    assert not (tmp_path / "runs").exists()
 
 
 BAD = {

@@ -22,6 +22,7 @@ records it.
 """
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import re
@@ -68,6 +69,12 @@ def _file_hash(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    """Top-level module -> the installed distributions providing it (read once: it scans every installed one)."""
+    return importlib.metadata.packages_distributions()
+
+
 def _origin(cls: type, reference: str | None = None) -> dict[str, str]:
     """Where ``cls`` comes from: built in, a file (path, sha256) or a module (its file's sha256, its version)."""
     module = sys.modules.get(cls.__module__)
@@ -82,7 +89,7 @@ def _origin(cls: type, reference: str | None = None) -> dict[str, str]:
     if origin.get("path") and Path(origin["path"]).is_file():
         origin["sha256"] = _file_hash(origin["path"])
     top = cls.__module__.split(".")[0]
-    distributions = importlib.metadata.packages_distributions().get(top, [])
+    distributions = _distributions().get(top, [])
     if distributions:
         origin.update(distribution=distributions[0], version=importlib.metadata.version(distributions[0]))
     return origin
