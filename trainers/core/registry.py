@@ -29,6 +29,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def _file_hash(path: str) -> str:
 
 
 @functools.cache
-def _distributions() -> dict[str, list[str]]:
+def _distributions() -> Mapping[str, list[str]]:
     """Top-level module -> the installed distributions providing it (read once: it scans every installed one)."""
     return importlib.metadata.packages_distributions()
 
