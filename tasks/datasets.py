@@ -134,6 +134,10 @@ def from_datasets(train: Any, val: Any, test: Any, *, num_outputs: int | None = 
     accuracy); ``(N, T)`` are per-position targets (the loss over positions; ``metric="perplexity"`` for a
     language model). Every label is checked against ``num_outputs`` in all three splits when the task is made.
     """
+    if num_outputs is not None and (isinstance(num_outputs, bool) or not isinstance(num_outputs, int)
+                                    or num_outputs < 1):
+        raise TaskConfigError(f"task '{name}': num_outputs must be a positive integer (classes, or the vocabulary "
+                              f"of token targets), got {num_outputs!r}")
     splits = [_split(data, collate, n) for data, n in zip((train, val, test), ("train", "val", "test"), strict=True)]
     for split, split_name in zip(splits, ("train", "val", "test"), strict=True):
         if split.size == 0:

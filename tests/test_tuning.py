@@ -124,3 +124,26 @@ def test_a_best_point_on_the_edge_of_its_grid_is_said_with_the_way_to_extend_it(
         "above, extend --tune-grid lr=... upward; temperature=1 is the bottom of its grid: the best may lie below, "
         "extend --tune-grid foton.temperature=... downward")
     assert tuning_caveats({"best": {"lr": 1e-2}, "stopped": {}, "edges": {}}) == ""
+
+
+def test_an_interruption_between_trials_says_the_trials_kept_and_resume_uses_them(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the first trial finished said "before its first run: nothing was trained"; it says how many
+    trials are kept and where, and --resume reads them back (the trial is not run again)."""
+    from gradengines.trainers.cli import compare as compare_cli
+
+    real, calls = compare_cli.build_from_args, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the base setup, the first trial's, then Ctrl-C before the second trial
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare_cli, "build_from_args", interrupted)
+    flags = ["--trainers", "backprop", "--tune", "--tune-grid", "lr=0.001,0.01", "--logdir", str(tmp_path), *QUICK]
+    assert compare_main(flags) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted while tuning, between trials: 1 trial finished, kept in " in err
+    assert "--resume continues the search from them" in err and "nothing was trained" not in err
+    monkeypatch.setattr(compare_cli, "build_from_args", real)
+    assert compare_main([*flags, "--resume"]) == 0

@@ -648,3 +648,12 @@ def test_a_dataset_failing_midway_through_training_is_one_line_and_says_what_was
     assert said.startswith("the train dataset failed on row 40: ValueError: decoder crashed on row 40; ")
     assert "the last checkpoint (step " in said or "no checkpoint was written" in said
     assert "\n" not in said
+
+
+@pytest.mark.parametrize("num_outputs", ["three", 0, 2.5, True])
+def test_num_outputs_that_is_not_a_positive_integer_is_one_line(num_outputs):
+    """A factory's dict with num_outputs="three" ended in a traceback deep in the label check."""
+    x, y = features(n=20)
+    with pytest.raises(TaskConfigError, match=re.escape(f"num_outputs must be a positive integer (classes, or the "
+                                                        f"vocabulary of token targets), got {num_outputs!r}")):
+        tasks.from_datasets(TensorDataset(x, y), TensorDataset(x, y), TensorDataset(x, y), num_outputs=num_outputs)

@@ -4,6 +4,7 @@ samples, steps or time (``scripts/compare.py``, ``gradengines compare``)."""
 import math
 import re
 import sys
+from pathlib import Path
 
 from gradengines.trainers.cli.args import (
     add_settings_flag,
@@ -150,7 +151,16 @@ def compare_main(argv=None, prog: str | None = None) -> int:
             check_resumable(args.logdir, experiment)
         if args.tune and not (args.resume or args.overwrite):  # before the first trial, not after all of them
             refuse_taken(args.logdir, experiment, [n if args.run_name is None else args.run_name for n in names], seeds)
-        tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
+        tuning = Path(args.logdir) / experiment / "tuning"
+
+        def kept_trials() -> str:  # asked at the interruption: the trials run so far stay, --resume reads them
+            done = len(list(tuning.glob("*/*/seed*/result.json")))
+            return (f"while tuning, between trials: {done} trial{'s' if done != 1 else ''} finished, kept in "
+                    f"{tuning}; --resume continues the search from them" if done else
+                    "while tuning, before its first trial finished: nothing was trained")
+
+        with stage(kept_trials):
+            tuned = tune_all(args, names, seeds, experiment, here) if args.tune else {}
 
         def comparison(seeds, resume, overwrite):
             return run_comparison(lambda t, s: build_from_args(args, runs[t][0], s, args.settings, tuned.get(t),
