@@ -188,6 +188,11 @@ def test_the_command_line_wraps_a_users_recurrent_model_for_dsf(tmp_path, capsys
     assert train_main([*bidirectional, "--logdir", str(tmp_path / "c")]) == 0  # backprop needs no structure
     assert train_main([*bidirectional, "--trainer", "dsf", "--logdir", str(tmp_path / "d")]) == 2
     assert "trainer 'dsf' needs a model with recurrent layers" in capsys.readouterr().err
+    # Highway-BP says the real reason too, not only that no repeated blocks were found
+    assert train_main([*bidirectional, "--trainer", "highway", "--logdir", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LM's recurrent modules cannot be its recurrent layers (" in err, err
+    assert "is bidirectional" in err and "no residual stack was found in it" in err
 
 
 @pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last recurrent layer")

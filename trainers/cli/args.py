@@ -378,6 +378,11 @@ def residual_structure(model, task):
     try:
         stack = models.residual_stack(model, example=_example(task))
     except models.ModelConfigError as err:
+        recurrent = getattr(model, "recurrent_refusal", None)  # its nn.GRU/LSTM/RNN could not be wrapped: the reason
+        if recurrent:
+            raise ConfigError(f"trainer 'highway' needs a residual stack or recurrent layers: "
+                              f"{type(model).__name__}'s recurrent modules cannot be its recurrent layers "
+                              f"({recurrent}), and no residual stack was found in it") from None
         raise ConfigError(f"trainer 'highway' needs a residual stack or recurrent layers, and none was found in "
                           f"{type(model).__name__}: {err}") from None
     if DataParallel().is_main and stack.found not in _SAID:  # once per process (compare builds every seed)
