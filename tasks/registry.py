@@ -150,7 +150,8 @@ def _build_reference(reference: str, options: dict[str, Any]) -> Task:
         return _made(attr, splits, {**outputs, **made})
     if isinstance(made, (tuple, list)) and len(made) == 3:
         return _made(attr, made, outputs)
-    raise TaskConfigError(f"task factory {attr} returned {type(made).__name__} {made!r:.40}, not a Task or the "
+    shown = " ".join(repr(made).split())[:40]  # one line: a DatasetDict prints itself over several
+    raise TaskConfigError(f"task factory {attr} returned {type(made).__name__} {shown}, not a Task or the "
                           f"train, val and test data (a tuple of three, or a dict with those keys and "
                           f"tasks.from_datasets's options)")
 

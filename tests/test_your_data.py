@@ -657,3 +657,16 @@ def test_num_outputs_that_is_not_a_positive_integer_is_one_line(num_outputs):
     with pytest.raises(TaskConfigError, match=re.escape(f"num_outputs must be a positive integer (classes, or the "
                                                         f"vocabulary of token targets), got {num_outputs!r}")):
         tasks.from_datasets(TensorDataset(x, y), TensorDataset(x, y), TensorDataset(x, y), num_outputs=num_outputs)
+
+
+PRINTED = "DatasetDict({\n    train: Dataset({\n        features: ['x', 'y'],\n        num_rows: 3\n    })\n})"
+
+
+def test_a_factory_returning_something_that_prints_over_lines_is_refused_in_one_line(tmp_path):
+    """A DatasetDict prints itself over several lines: the refusal quotes it on one."""
+    (tmp_path / "dd.py").write_text(f"class Printed:\n    def __repr__(self):\n        return {PRINTED!r}\n\n\n"
+                                    f"def made():\n    return Printed()\n")
+    with pytest.raises(TaskConfigError) as err:
+        tasks.build(f"{tmp_path / 'dd.py'}:made")
+    said = str(err.value)
+    assert "\n" not in said and said.startswith("task factory made returned Printed DatasetDict({ train: Dataset({")
