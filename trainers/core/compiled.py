@@ -18,6 +18,10 @@ without generating code, what the tests use.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+
 import torch
 from torch import nn
 
@@ -60,21 +64,22 @@ def compile_checked(model: nn.Module, engine: GradientEngine, inputs, targets, l
     calls = [0]
     torch._dynamo.reset()  # the verdict must not depend on graphs this process compiled before (another engine's)
     try:
-        model.compile(backend=backend)
-        compiled_call = model._compiled_call_impl
+        with _dynamo_quiet():  # the compiler's own warnings (a recompile limit hit, a frame it cannot trace) unsaid:
+            model.compile(backend=backend)  # the verdict below says what matters in one line
+            compiled_call = model._compiled_call_impl
 
-        def counted(*args, **kwargs):  # does the engine call the compiled forward at all?
-            calls[0] += 1
-            return compiled_call(*args, **kwargs)
+            def counted(*args, **kwargs):  # does the engine call the compiled forward at all?
+                calls[0] += 1
+                return compiled_call(*args, **kwargs)
 
-        model._compiled_call_impl = counted
-        checked = _fresh(engine)
-        compiled = _grads(checked, model, inputs, targets, loss_fn)
-        _grads(checked, model, inputs, targets, loss_fn)  # a second call may still compile once (dynamic shapes)
-        before = _graphs()
-        again = _grads(checked, model, inputs, targets, loss_fn)
-        recompiled = _graphs() - before
-        engine.prepare(model, inputs, targets, loss_fn)  # the run's engine: its own first-batch check, compiled
+            model._compiled_call_impl = counted
+            checked = _fresh(engine)
+            compiled = _grads(checked, model, inputs, targets, loss_fn)
+            _grads(checked, model, inputs, targets, loss_fn)  # a second call may still compile once (dynamic shapes)
+            before = _graphs()
+            again = _grads(checked, model, inputs, targets, loss_fn)
+            recompiled = _graphs() - before
+            engine.prepare(model, inputs, targets, loss_fn)  # the run's engine: its own first-batch check, compiled
     except Exception as err:  # torch's compiler, or the engine on the compiled model
         _uncompile(model)
         raise ConfigError(f"{why} fails on the first batch ({one_line(err)}); train without --compile") from None
@@ -95,6 +100,20 @@ def compile_checked(model: nn.Module, engine: GradientEngine, inputs, targets, l
         return (f"--compile: trainer '{engine.name}' does not call {type(model).__name__}'s forward (it runs the "
                 f"blocks or layers itself): nothing it runs is compiled")
     return None
+
+
+@contextlib.contextmanager
+def _dynamo_quiet():
+    """torch._dynamo's log records and warnings below errors held back while the check runs."""
+    logger = logging.getLogger("torch._dynamo")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\._dynamo")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _fresh(engine: GradientEngine) -> GradientEngine:
