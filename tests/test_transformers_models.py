@@ -358,3 +358,20 @@ def test_a_hybrid_of_mamba_and_attention_layers_is_one_residual_chain_exact_at_k
     assert relative(got, exact) < 1e-6
     assert relative(engine_grads(stack, trainers.build_engine("highway", k=0), ids, targets,
                                  sequence_cross_entropy), exact) > 1e-3
+
+
+def test_a_causal_lm_s_own_loss_refused_is_one_line_without_transformers_own_warning(tmp_path):
+    """transformers printed "loss_type=None ... unrecognized" before the refusal of loss=model on a causal LM (it
+    shifts the labels once more); the first calls of the model hold its warnings back (a real process: pytest's log
+    capture would hide it in this one)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+    flags = ["--model", "transformers:GPT2LMHeadModel", "--model-option", "n_layer=1", "--model-option", "n_embd=16",
+             "--model-option", "n_head=2", "--task", "reverse", "--model-call", "loss=model", "--steps", "1",
+             "--progress", "false", "--logdir", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "the model's own loss" in done.stderr and "shifted once more" in done.stderr
