@@ -93,6 +93,11 @@ class TokenWindows(DataSplit):
     def _take(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.memmap(self.path, dtype=self.dtype, mode="r")  # opened per batch: its pages are not kept
         rows = keys.numpy()[:, None] + np.arange(self.seq_len + 1)
+        if len(ids) < self.end:  # the file was cut (or replaced) while the run read it
+            held = len(ids)
+            del ids
+            raise TaskConfigError(f"token file {self.path} now holds {held} tokens, where the run found {self.end}: "
+                                  f"it changed while the run read it; restore it, then --resume")
         windows = torch.from_numpy(ids[rows].astype(np.int64))
         del ids
         return windows[:, :-1].clone(), windows[:, 1:].clone()

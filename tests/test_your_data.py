@@ -670,3 +670,19 @@ def test_a_factory_returning_something_that_prints_over_lines_is_refused_in_one_
         tasks.build(f"{tmp_path / 'dd.py'}:made")
     said = str(err.value)
     assert "\n" not in said and said.startswith("task factory made returned Printed DatasetDict({ train: Dataset({")
+
+
+def test_a_token_file_cut_while_a_run_reads_it_is_one_line(tmp_path):
+    """train.bin truncated while a run reads it ended in numpy's IndexError (index 292339 is out of bounds): one
+    line naming the file, what it holds now and what the run found."""
+    out = token_files(tmp_path)
+    task = tasks.build("tokens", data_dir=str(out), seq_len=5)
+    task.train.take(task.train.order(torch.Generator().manual_seed(0))[0:4])
+    train = out / "train.bin"
+    found = train.stat().st_size // 2
+    with open(train, "r+b") as f:
+        f.truncate(200)  # 100 uint16 tokens left
+    with pytest.raises(TaskConfigError, match=re.escape(f"token file {train} now holds 100 tokens, where the run "
+                                                        f"found {found}: it changed while the run read it")) as err:
+        task.train.take(task.train.order(torch.Generator().manual_seed(1))[0:4])
+    assert "\n" not in str(err.value)
