@@ -15,11 +15,14 @@ without being executed (``UnsafeCheckpointError``); a truncated or garbled
 one raises ``DamagedCheckpointError``.
 """
 
+import contextlib
 import importlib
 import os
 import re
+import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +30,8 @@ import torch
 
 from gradengines.trainers.core.errors import DamagedCheckpointError, UnsafeCheckpointError
 
-__all__ = ["state_problem", "save_atomic", "load_checkpoint", "write_text_atomic", "write_atomic", "TEMP_SUFFIX"]
+__all__ = ["state_problem", "save_atomic", "signals_held", "load_checkpoint", "write_text_atomic", "write_atomic",
+           "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".tmp"  # temporary files are ".<name>.<random>.tmp" beside their target
 
@@ -109,9 +113,31 @@ def _keep_as(path: Path, previous: Path) -> None:
         os.replace(path, previous)
 
 
+@contextlib.contextmanager
+def signals_held():
+    """SIGTERM and Ctrl-C held until the block ends, then delivered again to the handlers in place: torch.save
+    interrupted inside its C++ writer failed with its own RuntimeError (exit 1, not 143), the checkpoint half
+    written. Outside the main thread (no signal arrives there) nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(held):
+            os.kill(os.getpid(), signum)  # the run's own handler now: Terminated, or KeyboardInterrupt
+
+
 def save_atomic(state: dict, path: str | os.PathLike, *, previous: str | os.PathLike | None = None) -> Path:
-    """``torch.save(state)`` to ``path`` atomically (``write_atomic``; ``previous`` keeps the old file)."""
-    return write_atomic(path, lambda f: torch.save(state, f), previous=previous)
+    """``torch.save(state)`` to ``path`` atomically (``write_atomic``; ``previous`` keeps the old file), a signal
+    that arrives meanwhile delivered after it (``signals_held``)."""
+    with signals_held():
+        return write_atomic(path, lambda f: torch.save(state, f), previous=previous)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
