@@ -14,6 +14,11 @@ def run(command: str) -> None:
     except KeyboardInterrupt:
         print("error: interrupted while starting", file=sys.stderr)
         sys.exit(130)
+    except OSError as err:  # the libraries write while they load (torch a temporary file): a full disk, a limit
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"error: cannot start: {err.strerror or err}{where}; every write is refused here: check the free space "
+              f"and the file-size limit (ulimit -f)", file=sys.stderr)
+        sys.exit(2)
     except ModuleNotFoundError as err:  # a Python without the project (plain `python` beside the .venv)
         print(f"error: {sys.executable} cannot import {err.name} (No module named {err.name!r}): run the scripts with "
               f"the project's environment, .venv/bin/python (made by bash scripts/setup.sh), or pip install . into "

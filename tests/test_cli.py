@@ -389,3 +389,17 @@ def test_a_python_without_the_project_is_told_which_python_in_one_line():
                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and ".venv/bin/python (made by bash scripts/setup.sh)" in done.stderr
+
+
+def test_a_file_size_limit_of_zero_at_start_is_one_line():
+    """With every write refused (ulimit -f 0) the libraries fail while they load (tempfile finds no usable
+    directory): one line saying so and what to check, exit 2, not a traceback through the import machinery."""
+    import resource
+
+    def no_writes():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--steps", "1"], capture_output=True,
+                          text=True, preexec_fn=no_writes, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: cannot start: ") and "file-size limit (ulimit -f)" in done.stderr
