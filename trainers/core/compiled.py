@@ -19,7 +19,6 @@ without generating code, what the tests use.
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 
 from gradengines.models.errors import one_line
 from gradengines.trainers.core.engine import GradientEngine, LossFn, trainable_parameters
-from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.errors import ConfigError, held_back
 from gradengines.trainers.core.options import as_dict
 from gradengines.trainers.core.self_check import differences
 
@@ -105,15 +104,9 @@ def compile_checked(model: nn.Module, engine: GradientEngine, inputs, targets, l
 @contextlib.contextmanager
 def _dynamo_quiet():
     """torch._dynamo's log records and warnings below errors held back while the check runs."""
-    logger = logging.getLogger("torch._dynamo")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module=r"torch\._dynamo")
-            yield
-    finally:
-        logger.setLevel(level)
+    with held_back("torch._dynamo"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"torch\._dynamo")
+        yield
 
 
 def _fresh(engine: GradientEngine) -> GradientEngine:

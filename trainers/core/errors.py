@@ -10,6 +10,7 @@ from Python.
 """
 
 import contextvars
+import logging
 import re
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ __all__ = [
     "spell",
     "interruption",
     "stage",
+    "held_back",
 ]
 
 
@@ -119,6 +121,19 @@ def stage(what: str | Callable[[], str]):
         raise
     except KeyboardInterrupt as err:
         raise interruption(err, what if isinstance(what, str) else what()) from None
+
+
+@contextmanager
+def held_back(logger: str):
+    """Within this block, the records of the library logger ``logger`` below errors are held back: a check whose
+    verdict is one line says it without the library's own warnings before it."""
+    library = logging.getLogger(logger)
+    level = library.level
+    library.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        library.setLevel(level)
 
 
 class RunOutOfMemory(RuntimeError):

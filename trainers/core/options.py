@@ -15,7 +15,8 @@ import typing
 
 from gradengines.trainers.core.errors import ConfigError, on_command_line
 
-__all__ = ["option", "parse_options", "add_arguments", "options_from_args", "as_dict", "parse_key_values"]
+__all__ = ["option", "flag_type", "FLAG_TYPES", "parse_options", "add_arguments", "options_from_args", "as_dict",
+           "parse_key_values"]
 
 
 def option(default, help: str, **kwargs):
@@ -41,6 +42,22 @@ def _choices(tp):
         if typing.get_origin(a) is typing.Literal:
             return typing.get_args(a)
     return None
+
+
+FLAG_TYPES = (int, float, str, bool)
+"""The option types a command-line flag can give (also as ``Literal[...]`` and ``X | None``)."""
+
+
+def flag_type(tp) -> bool:
+    """Whether a flag can give a value of type ``tp``: one of ``FLAG_TYPES``, a ``Literal`` of them, or one of those
+    ``| None`` (what ``add_arguments`` turns into a flag)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return all(isinstance(a, FLAG_TYPES) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return len(args) == 1 and flag_type(args[0])
+    return tp in FLAG_TYPES
 
 
 def _allows_none(tp):

@@ -27,7 +27,6 @@ import hashlib
 import importlib.metadata
 import re
 import sys
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,13 +36,12 @@ from gradengines.models.errors import one_line
 from gradengines.tasks.reference import import_reference, is_reference
 from gradengines.trainers.core.engine import GradientEngine
 from gradengines.trainers.core.errors import ConfigError
+from gradengines.trainers.core.options import flag_type
 
 __all__ = ["register_engine", "build_engine", "engine_class", "available", "resolve_engine", "engine_origin",
-           "engine_name", "split_spec", "ENTRY_POINT_GROUP", "FLAG_TYPES"]
+           "engine_name", "split_spec", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "gradengines.engines"
-FLAG_TYPES = (int, float, str, bool)
-"""The option types a command-line flag can give (also as ``Literal[...]`` and ``X | None``)."""
 
 _ENGINES: dict[str, type[GradientEngine]] = {}
 _ORIGINS: dict[str, dict[str, str]] = {}
@@ -108,19 +106,9 @@ def _check_options(cls: type, name: str) -> None:
         if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"engine '{name}': option '{field.name}' has no default (each option is a flag, "
                               f"--{name}-{field.name.replace('_', '-')}, and its default is the option's)")
-        if not _flag_type(hints[field.name]):
+        if not flag_type(hints[field.name]):
             raise ConfigError(f"engine '{name}': option '{field.name}' has type {hints[field.name]}, which no flag "
                               f"can give; use int, float, str, bool, Literal[...] or one of them | None")
-
-
-def _flag_type(tp) -> bool:
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        return all(isinstance(a, FLAG_TYPES) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return len(args) == 1 and _flag_type(args[0])
-    return tp in FLAG_TYPES
 
 
 def _check_recipe(cls: type, name: str) -> None:

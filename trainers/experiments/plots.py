@@ -7,13 +7,13 @@ panels, serves the figure; the figure's title sits above the panels (a constrain
 
 import numpy as np
 
-__all__ = ["plot_comparison", "plot_runs", "layer_grid", "trainer_styles", "layers_path"]
+__all__ = ["plot_comparison", "plot_runs", "layer_grid", "trainer_styles", "layers_path", "seed_curve", "pyplot"]
 
 
 AXES = {"step": ("step", 1.0), "samples": ("training samples seen", 1.0), "compute_ms": ("compute time (s)", 1e-3)}
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file backend, imported on first use: every command imports this module, and
     pyplot costs 0.2 s of each process's start, paid only by a command that draws."""
     import matplotlib
@@ -30,7 +30,7 @@ def _axis(histories: list[list[dict]]) -> str:
     return "samples" if records and all("samples" in r for r in records) else "step"
 
 
-def _curve(histories: list[list[dict]], tag: str, axis: str = "step"):
+def seed_curve(histories: list[list[dict]], tag: str, axis: str = "step"):
     """Mean and spread over seeds of ``tag`` at the points of ``axis`` where every seed logged it."""
     scale = AXES[axis][1]
     per_seed = [{r[axis] * scale: r[tag] for r in h if tag in r and axis in r and isinstance(r[tag], (int, float))}
@@ -48,7 +48,7 @@ def layer_grid(histories: list[list[dict]], prefix: str = "grad/cosine/", axis: 
     not logged."""
     names = list(dict.fromkeys(k[len(prefix):] for h in histories for r in h for k in r if k.startswith(prefix)))
     names = [n for n in names if n.endswith("weight")] or names
-    curves = [_curve(histories, prefix + name, axis) for name in names]
+    curves = [seed_curve(histories, prefix + name, axis) for name in names]
     if not curves or any(c is None or len(c[0]) != len(curves[0][0]) for c in curves):
         return None
     return curves[0][0], names, np.stack([c[1] for c in curves])
@@ -94,7 +94,7 @@ def trainer_styles(trainers: list[str]) -> dict[str, dict]:
 def _panel(ax, histories, tag, title, ylabel, axis, styles: dict[str, dict]) -> None:
     """Mean curve and min..max band per trainer, each in its style in every panel (one legend serves them)."""
     for trainer, runs in histories.items():
-        curve = _curve(runs, tag, axis)
+        curve = seed_curve(runs, tag, axis)
         if curve is None:
             continue
         xs, mean, low, high = curve
@@ -138,7 +138,7 @@ def plot_comparison(histories: dict[str, list[list[dict]]], metric: str, path, t
     axis = _axis(every)
     timed = bool(every) and all(any("compute_ms" in r for r in h) for h in every)
     styles = trainer_styles(list(histories))
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure(figsize=(15, 4 * (1 + timed) + (0.5 if title else 0)), layout="constrained")
     grid = fig.add_gridspec(1 + timed, 6)
     for i, (tag, name, ylabel) in enumerate([("train/loss", "training loss", "loss (log scale)"),
@@ -189,7 +189,7 @@ def plot_runs(cells: dict[tuple[str, str], list[float]], experiments: list[str],
     backprop, highway-k0 .. highway-k8) as mean over seeds with min..max bars and the seeds as dots.
 
     ``cells[(experiment, run)]`` holds one value per seed; missing cells are skipped."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(experiments), figsize=(5 * len(experiments), 4), squeeze=False)
     for ax, exp in zip(axes[0], experiments, strict=True):
         for x, run in enumerate(runs):

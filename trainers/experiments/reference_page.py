@@ -10,15 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
-from gradengines.trainers.experiments.plots import trainer_styles
-from gradengines.trainers.experiments.stats import hierarchical_bootstrap, holm
-from gradengines.trainers.experiments.verdict import (
-    LOSS_MARGIN,
-    MARGINS,
-    bootstrap_word,
-    default_target,
-    time_to_target,
-)
+from gradengines.trainers.experiments.plots import pyplot, seed_curve, trainer_styles
+from gradengines.trainers.experiments.verdict import default_target, example_family, example_word, time_to_target
 
 __all__ = ["results_page", "row_table", "row_figure"]
 
@@ -44,20 +37,8 @@ def _mean_sd(values: list[float], digits: int) -> str:
 
 def _words(records: dict[str, list[dict]], metric: str) -> dict[str, str]:
     """Each run's word against backprop on test, from every seed and example (one Holm family per row)."""
-    if REFERENCE not in records:
-        return {}
-    ref = {r["config"]["seed"]: r.get("test_outcomes") for r in records[REFERENCE]}
-    boots = {}
-    for run, seeds in records.items():
-        mine = {r["config"]["seed"]: r.get("test_outcomes") for r in seeds}
-        common = sorted(s for s in set(mine) & set(ref) if mine[s] and ref[s])
-        if run != REFERENCE and common:
-            boots[run] = hierarchical_bootstrap([(mine[s]["values"], mine[s]["counts"]) for s in common],
-                                                [(ref[s]["values"], ref[s]["counts"]) for s in common])
-    adjusted = dict(zip(boots, holm([b.p for b in boots.values()]), strict=True))
-    perplexity = metric == "perplexity"
-    within = LOSS_MARGIN if perplexity else MARGINS["accuracy"]
-    return {run: bootstrap_word(b, adjusted[run], not perplexity, within) for run, b in boots.items()}
+    return {run: example_word(boot, adjusted, metric)
+            for run, (boot, adjusted) in example_family(records, REFERENCE).items()}
 
 
 def _tuned(record: dict) -> str:
@@ -106,36 +87,24 @@ def row_table(folder: Path, refused: dict[str, str]) -> str:
 
 
 def row_figure(folder: Path, path: Path, title: str) -> Path | None:
-    """Validation metric against compute time from the first evaluation every seed made, each engine's mean over
-    seeds with a band from its worst to its best seed, in the comparison figure's styles (backprop black); None
-    where no run has a timed history."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
+    """Validation metric against compute time at the evaluations every seed made (``plots.seed_curve``), each
+    engine's mean over seeds with a band from its worst to its best seed, in the comparison figure's styles
+    (backprop black); None where no run has a timed history."""
     records = _records(folder)
     if not records:
         return None
+    plt = pyplot()
     metric = next(iter(records.values()))[0]["metric"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
     ordered = sorted(records.items(), key=lambda item: (item[0] != REFERENCE, item[0]))
     styles = trainer_styles([run for run, _ in ordered])
     for run, seeds in ordered:
-        curves = []
-        for r in seeds:
-            points = [(h["compute_ms"] / 1e3, h[f"eval/{metric}"]) for h in r["history"]
-                      if isinstance(h.get(f"eval/{metric}"), (int, float)) and h.get("compute_ms") is not None]
-            if points:
-                curves.append(np.array(points))
-        if not curves:
+        curve = seed_curve([r["history"] for r in seeds], f"eval/{metric}", "compute_ms")
+        if curve is None:
             continue
-        start, end = max(c[0, 0] for c in curves), min(c[-1, 0] for c in curves)  # where every seed was evaluated
-        grid = np.linspace(start, end, 50)
-        values = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
-        ax.plot(grid, values.mean(0), label=run, lw=2.2 if run == REFERENCE else 1.4, **styles[run])
-        ax.fill_between(grid, values.min(0), values.max(0), color=styles[run]["color"], alpha=0.15)
+        xs, mean, low, high = curve
+        ax.plot(xs, mean, label=run, lw=2.2 if run == REFERENCE else 1.4, **styles[run])
+        ax.fill_between(xs, low, high, color=styles[run]["color"], alpha=0.15)
     ax.set_xlabel("compute time (s, timed steps)")
     ax.set_ylabel(f"validation {metric}")
     if metric == "perplexity":

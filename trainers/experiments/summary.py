@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from gradengines.trainers.experiments.recipes import SHARED_SETTINGS
 from gradengines.trainers.experiments.results import experiment_failures, pivot_cells
-from gradengines.trainers.experiments.stats import Paired, hierarchical_bootstrap, holm, paired_test, summarize
+from gradengines.trainers.experiments.stats import Paired, holm, paired_test, summarize
 from gradengines.trainers.experiments.tuning import trial_name, tuning_caveats
 from gradengines.trainers.experiments.verdict import (
     ALPHA,
@@ -37,6 +37,7 @@ from gradengines.trainers.experiments.verdict import (
     Units,
     bootstrap_line,
     default_target,
+    example_family,
     family_p,
     is_exact,
     time_to_target,
@@ -337,30 +338,17 @@ def verdict_lines(results: dict[str, list[dict]], metric: str, reference: str, h
 
 def example_verdict_lines(results: dict[str, list[dict]], metric: str, reference: str) -> list[str]:
     """Each run against the reference on the test split of its best-validation model, from every seed and every
-    test example (``result.json``'s ``test_outcomes``; a hierarchical bootstrap over seeds and examples, one
-    Holm family): the three words (``verdict.bootstrap_word``). Empty where a run has no per-example outcomes
-    (several processes, or a loss with no per-example share) or shares no seed with the reference."""
-    def outcomes(run):
-        return {r["report"]["config"]["seed"]: r["report"].get("test_outcomes") for r in results[run]}
-
-    if reference not in results or metric not in ("accuracy", "perplexity"):
+    test example (``verdict.example_family``: a hierarchical bootstrap, one Holm family): the three words. Empty
+    where no run has per-example outcomes."""
+    if metric not in ("accuracy", "perplexity"):
         return []
-    ref = outcomes(reference)
-    boots = {}
-    for run in results:
-        mine = outcomes(run)
-        seeds = sorted(s for s in set(mine) & set(ref) if mine[s] and ref[s]
-                       and len(mine[s]["values"]) == len(ref[s]["values"]))
-        if run == reference or not seeds:
-            continue
-        boots[run] = hierarchical_bootstrap([(mine[s]["values"], mine[s]["counts"]) for s in seeds],
-                                            [(ref[s]["values"], ref[s]["counts"]) for s in seeds])
-    if not boots:
+    family = example_family({run: [r["report"] for r in seeds] for run, seeds in results.items()}, reference)
+    if not family:
         return []
-    adjusted = dict(zip(boots, holm([b.p for b in boots.values()]), strict=True))
     return ["The test split of each run's best-validation model, from every seed and every test example (a "
             "hierarchical bootstrap: seeds, then examples, paired; 2,000 draws; Holm over the family):",
-            *(bootstrap_line(run, reference, b, metric, adjusted[run], len(boots)) for run, b in boots.items())]
+            *(bootstrap_line(run, reference, boot, metric, adjusted, len(family))
+              for run, (boot, adjusted) in family.items())]
 
 
 def disagreement_lines(results, metric, reference, higher_better, verdict_words: dict[str, str],

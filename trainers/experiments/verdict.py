@@ -22,11 +22,18 @@ import math
 import statistics
 from typing import NamedTuple
 
-from gradengines.trainers.experiments.stats import CONFIDENCE, Bootstrap, Paired, paired_interval
+from gradengines.trainers.experiments.stats import (
+    CONFIDENCE,
+    Bootstrap,
+    Paired,
+    hierarchical_bootstrap,
+    holm,
+    paired_interval,
+)
 
 __all__ = ["TARGET_FRACTION", "EXACT_COSINE", "ALPHA", "MARGINS", "Units", "default_target", "time_to_target",
            "is_exact", "family_p", "margin", "equivalent", "seeds_to_decide", "verdict_word", "verdict_line",
-           "bootstrap_word", "bootstrap_line", "LOSS_MARGIN"]
+           "bootstrap_word", "bootstrap_line", "example_family", "example_word", "LOSS_MARGIN"]
 
 ALPHA = round(1 - CONFIDENCE, 10)  # a difference is called ahead or behind below this (Holm-adjusted) p
 TARGET_FRACTION = 0.95
@@ -204,7 +211,7 @@ def bootstrap_line(trainer: str, reference: str, boot: Bootstrap, metric: str, a
     perplexity read as its mean token loss), from every seed and example (``stats.hierarchical_bootstrap``)."""
     perplexity = metric == "perplexity"
     within = LOSS_MARGIN if perplexity else MARGINS["accuracy"]
-    word = bootstrap_word(boot, adjusted, not perplexity, within)
+    word = example_word(boot, adjusted, metric)
     if perplexity:  # a difference of mean loss d is a perplexity ratio exp(d)
         shown = (f"perplexity x{math.exp(boot.difference):.4f} (95% interval x{math.exp(boot.low):.4f}.."
                  f"x{math.exp(boot.high):.4f})")
@@ -221,3 +228,30 @@ def bootstrap_line(trainer: str, reference: str, boot: Bootstrap, metric: str, a
                f"{shown}; {evidence}."
     return f"- **{trainer}**: undecided against {reference}: {shown}, neither a difference nor within " \
            f"{margin_text}; {evidence}."
+
+
+def example_family(records: dict[str, list[dict]], reference: str) -> dict[str, tuple[Bootstrap, float]]:
+    """Each run against ``reference`` on the test split of its best-validation model, from every seed and every
+    test example: run -> (its hierarchical bootstrap, its Holm-adjusted p in the family). ``records``: run -> its
+    seeds' ``result.json`` records; a run without per-example outcomes (several processes, a loss with no
+    per-example share), or sharing no seed with the reference, is left out."""
+    def outcomes(run):
+        return {r["config"]["seed"]: r.get("test_outcomes") for r in records[run]}
+
+    if reference not in records:
+        return {}
+    ref, boots = outcomes(reference), {}
+    for run in records:
+        mine = outcomes(run)
+        seeds = sorted(s for s in set(mine) & set(ref) if mine[s] and ref[s]
+                       and len(mine[s]["values"]) == len(ref[s]["values"]))
+        if run != reference and seeds:
+            boots[run] = hierarchical_bootstrap([(mine[s]["values"], mine[s]["counts"]) for s in seeds],
+                                                [(ref[s]["values"], ref[s]["counts"]) for s in seeds])
+    return dict(zip(boots, zip(boots.values(), holm([b.p for b in boots.values()]), strict=True), strict=True))
+
+
+def example_word(boot: Bootstrap, adjusted: float, metric: str) -> str:
+    """``bootstrap_word`` at ``metric``'s margin (accuracy's, or the perplexity's read as its mean token loss)."""
+    perplexity = metric == "perplexity"
+    return bootstrap_word(boot, adjusted, not perplexity, LOSS_MARGIN if perplexity else MARGINS["accuracy"])

@@ -1,16 +1,13 @@
 """The check every model passes before training: it maps the task's inputs to outputs of the task's shape,
 in eval and in training mode, called as declared (``models.adapters.calling``); every failure is one line."""
 
-import contextlib
-import logging
-
 import torch
 
 from gradengines.models.adapters.calling import call_model, forward_loss, model_call, own_loss_difference, passes_state
 from gradengines.models.adapters.calling import describe as describe_call
 from gradengines.models.errors import ModelConfigError, one_line
 from gradengines.tasks.errors import TaskConfigError
-from gradengines.trainers.core.errors import ConfigError, on_command_line
+from gradengines.trainers.core.errors import ConfigError, held_back, on_command_line
 from gradengines.trainers.core.self_check import kept
 from gradengines.trainers.run.notes import note
 
@@ -34,7 +31,9 @@ def check_task_model(model, task, device="cpu", dtype=torch.float32) -> None:
     (``check_own_loss``); a note says how far any other own loss is from the task's (none with ``loss="own"``)."""
     x, targets = task.train.take(slice(0, 2))
     x, targets = to_device(x, device, dtype), targets.to(device)
-    with kept(model), _library_quiet():  # its modes and buffers (BatchNorm statistics) put back after
+    # its modes and buffers (BatchNorm statistics) put back after; transformers' own warnings ("loss_type=None ...
+    # unrecognized") held back: the refusal below says what matters, in one line
+    with kept(model), held_back("transformers"):
         for mode in (False, True):
             model.train(mode)
             try:
@@ -94,20 +93,6 @@ def _check_task_loss(task, outputs: torch.Tensor, targets: torch.Tensor) -> None
     if not loss.requires_grad:
         raise TaskConfigError(f"task '{task.name}': its loss {name} is detached from the outputs (no gradient "
                               f"reaches the model): compute it from them with torch, without .item() or .detach()")
-
-
-@contextlib.contextmanager
-def _library_quiet():
-    """transformers' warnings below errors held back while the model is first called and its own loss first
-    compared with the task's (its "loss_type=None ... unrecognized" line preceded the one line that says what
-    matters; it says such things once)."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _check_trainable(model, own: torch.Tensor) -> None:
