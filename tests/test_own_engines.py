@@ -63,6 +63,8 @@ def test_an_engine_in_a_file_is_compared_tuned_and_recorded_like_a_built_in(tmp_
     out = capsys.readouterr().out
     assert "tuned signsgd: lr=0.005" in out or "tuned signsgd: lr=0.02" in out
     summary = (logdir / "exp" / "summary.md").read_text()
+    verdict = summary.split("## Verdict")[1].split("## Results")[0]
+    assert verdict.count("- **signsgd**: ") == 2  # its word against backprop at equal samples and at equal time
     assert "| signsgd |" in summary
     settings_row = next(line for line in summary.splitlines() if line.startswith("| signsgd | sgd |"))
     assert "Bernstein et al. 2018, Sec. 5" in settings_row and "tuned lr=" in settings_row  # its recipe, tuned
