@@ -801,3 +801,12 @@ def test_the_site_lists_the_guide_in_the_order_its_commands_run():
     assert nav == GUIDE and sorted(p.stem for p in (ROOT / "docs" / "guide").glob("*.md")) == sorted(GUIDE)
     front = (ROOT / "README.md").read_text()
     assert all(f"docs/guide/{name}.md" in front for name in GUIDE) and front.count("\n") <= 250
+
+
+def test_the_readme_engine_table_names_every_registered_engine_and_no_other():
+    """The front page's table of engines is the registry's list: a new engine without its row, or a row for a
+    name that trains nothing, fails here."""
+    section = (ROOT / "README.md").read_text().split("## The engines")[1].split("\n## ")[0]
+    named = {name for row in section.splitlines() if row.startswith("| `")
+             for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert named == set(trainers.available())
