@@ -136,3 +136,34 @@ def test_each_test_example_s_share_adds_up_to_the_test_metric(tmp_path, task_nam
         assert math.exp(share) == pytest.approx(report["test"]["perplexity"], rel=1e-5)
     else:
         assert share == pytest.approx(report["test"]["accuracy"], abs=1e-12)
+
+
+def test_no_reference_row_runs_a_placeholder_setting():
+    """Issue 62, item 4: every value a reference row takes from a recipe names a paper, the authors' code or a
+    measurement; the one value recipes leave to tuning (a learning rate no paper gives for the model) is tuned by
+    every row (its grid over lr), so no row trains at a "tune it" value. Read from the rows' own flags (no data)."""
+    from gradengines.trainers.core.registry import available
+    from gradengines.trainers.experiments.recipes import recipe_for
+    from gradengines.trainers.experiments.tuning import parse_grid, trainer_grid
+
+    spec = importlib.util.spec_from_file_location("reference_rows", ROOT / "scripts" / "benchmarks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    placeholders = ("tune it", "not published for these models")
+    assert "--tune" in module.COMMON
+    untuned = [(t, k) for t in available() for r in [recipe_for(t, "mlp")] if r for k, s in r.sources().items()
+               if any(p in s for p in placeholders)]
+    assert not untuned  # the default comparison's model: measured everywhere
+    for row, (_, flags, _) in module.ROWS.items():
+        model = flags[flags.index("--model") + 1]
+        grids = [flags[i + 1] for i, f in enumerate(flags) if f == "--tune-grid"]
+        for trainer in available():
+            recipe = recipe_for(trainer, model)
+            if recipe is None:
+                continue
+            tuned = set(trainer_grid(parse_grid(grids, [trainer]), trainer, 1e-3))
+            assert "lr" in tuned
+            for key, source in recipe.sources().items():
+                assert key in tuned or not any(p in source for p in placeholders), (row, trainer, key, source)
+    fgrad = recipe_for("fgrad", "rnn_lm").sources()
+    assert any(p in fgrad["lr"] for p in placeholders) and not any(p in fgrad["optimizer"] for p in placeholders)

@@ -37,6 +37,16 @@ def test_grid_parsing_and_the_default_learning_rate_grid():
     assert trial_name({"lr": 0.001, "foton.temperature": 4}) == "lr=0.001,temperature=4"
 
 
+def test_a_learning_rate_grid_relative_to_each_trainers_own():
+    grid = parse_grid(["lr=x0.316, x1,X3.16"], ["fgrad", "backprop"])
+    assert trainer_grid(grid, "fgrad", 1e-4)["lr"] == pytest.approx([3.16e-5, 1e-4, 3.16e-4])
+    assert trainer_grid(grid, "backprop", 2e-3)["lr"] == pytest.approx([6.32e-4, 2e-3, 6.32e-3])
+    for bad in ("lr=x1,1e-3", "lr=x0,x1", "lr=x-1,x1", "lr=xnan,x1"):
+        with pytest.raises(ConfigError, match="--tune-grid lr") as err:
+            parse_grid([bad], ["fgrad"])
+        assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("items, expected", [
     (["lr"], "expects KEY=V1,V2"), (["lr="], "expects KEY=V1,V2"), (["nope=1"], "not a training option"),
     (["seed=1,2"], "not a training option"), (["dsf.feedback=tied"], "not one of the trainers compared"),

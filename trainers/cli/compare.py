@@ -83,8 +83,9 @@ def compare_parser(argv: list[str], prog: str | None = None):
                             "each trainer's best point; the test split is evaluated on those runs only")
     group.add_argument("--tune-grid", action="append", default=[], metavar="KEY=V1,V2,...",
                        help="a grid dimension (repeatable): lr or another training option, or an engine option "
-                            "as TRAINER.OPTION, e.g. --tune-grid foton.temperature=1,4,8; the budget per trainer "
-                            "is the product of the dimensions")
+                            "as TRAINER.OPTION, e.g. --tune-grid foton.temperature=1,4,8; learning rates may be "
+                            "factors of each trainer's own: lr=x0.316,x1,x3.16; the budget per trainer is the "
+                            "product of the dimensions")
     group.add_argument("--tune-seed", type=int, default=None, help="seed of the trials (default: the first seed)")
     defaults = {k: v for k, v in DEFAULT_COMPARISON.items() if not (model_given(argv) and k.startswith("model"))}
     defaults["log_axis"] = "samples"  # TensorBoard's step: samples seen, so batch sizes overlay

@@ -49,13 +49,8 @@ FOTON_CODE = "FOTON authors' default config (arXiv 2512.20668, released code, co
 PEPITA_CODE = "PEPITA, Srinivasan et al. ICLR 2024 code (github.com/ravifrancesco/PEPITA)"
 FEEDBACK_DEFAULT = ("project default (Adam 1e-3, batch 64): the FOTON paper reports FA and DFA without their settings; "
                     "compare.py --tune searches around it")
-MEZO_PAPER = ("MeZO, Malladi et al. NeurIPS 2023, Algorithm 1 and App. E: plain SGD, eps 1e-3, batch 16; its learning "
-              "rates (1e-6, 1e-7) fine-tune OPT and are not published for these models: tune it (compare.py --tune)")
-FGRAD_PAPER = ("Baydin et al. 2022, 'Gradients without backpropagation': plain SGD with one Gaussian direction; its "
-               "learning rate is not published for these models: tune it (compare.py --tune)")
-FGRAD_ACT_PAPER = ("Ren et al. ICLR 2023, 'Scaling forward gradient with local losses': activity-perturbed forward "
-                   "gradient, one Gaussian direction; their optimizer settings train local-loss ResNets, not these "
-                   "models: fgrad's plain SGD, tune it (compare.py --tune)")
+UNTUNED_LR = ("no learning rate is published for these models: tune it (compare.py --tune; the reference rows do, "
+              "docs/results.md)")
 FEEDBACK_FAMILY = ("fa", "usf", "brsf", "frsf", "dfa")
 FEEDBACK_GPT = ("backprop's GPT setting (Highway-BP paper, Table 4): no FA-family setting for GPT-2 is published; "
                 "the feedback's scale (scale=weight) is what keeps the gradient at backprop's size (BENCHMARKS.md)")
@@ -125,12 +120,14 @@ RECIPES: list[Recipe] = [
       for t in FEEDBACK_FAMILY),
     *(Recipe(t, ("gpt",), _same(FEEDBACK_GPT, optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_size=128,
                                 clip_grad_norm=1.0)) for t in FEEDBACK_FAMILY),
-    Recipe("mezo", (), _same(MEZO_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=16),
-           _same(MEZO_PAPER, eps=1e-3, directions=1)),
-    Recipe("fgrad", (), _same(FGRAD_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0, batch_size=64),
-           _same(FGRAD_PAPER, directions=1, distribution="gaussian")),
-    Recipe("fgrad_act", (), _same(FGRAD_ACT_PAPER, optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0,
-                                  batch_size=64), _same(FGRAD_ACT_PAPER, directions=1, distribution="gaussian")),
+    # the forward-only estimators: their papers' optimizer and perturbation, a learning rate measured per model
+    Recipe("mezo", (), {**_same(MEZO_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0, batch_size=16),
+                        **_same(UNTUNED_LR, lr=1e-3)}, _same(MEZO_SETTINGS, eps=1e-3, directions=1)),
+    Recipe("fgrad", (), {**_same(FGRAD_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0, batch_size=64),
+                         **_same(UNTUNED_LR, lr=1e-3)}, _same(FGRAD_SETTINGS, directions=1, distribution="gaussian")),
+    Recipe("fgrad_act", (), {**_same(FGRAD_ACT_SETTINGS, optimizer="sgd", momentum=0.0, weight_decay=0.0,
+                                     batch_size=64), **_same(UNTUNED_LR, lr=1e-3)},
+           _same(FGRAD_ACT_SETTINGS, directions=1, distribution="gaussian")),
     Recipe("backprop", (), _ADAM_1E3),
     # the default comparison's model: the learning rates no paper gives, measured (the rest of each recipe above)
     *(Recipe(t, ("mlp",), {**_same(MEASURED, optimizer="adam", weight_decay=0.0, batch_size=64),

@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import itertools
 import json
+import math
 from pathlib import Path
 
 from gradengines.trainers.core.distributed import DataParallel
@@ -45,8 +46,23 @@ def _value(text: str):
         return text
 
 
+def _factor(value) -> float | None:
+    """``"x0.316"`` -> 0.316: a learning rate given relative to each trainer's own (its recipe's); None for a
+    plain value."""
+    if not (isinstance(value, str) and value[:1] in "xX" and len(value) > 1):
+        return None
+    try:
+        factor = float(value[1:])
+    except ValueError:
+        return None
+    return factor if math.isfinite(factor) and factor > 0 else None
+
+
 def parse_grid(items: list[str], trainers: list[str]) -> dict[str, list]:
     """``["lr=1e-3,1e-2", "foton.temperature=1,4"]`` -> ``{"lr": [...], "foton.temperature": [...]}``.
+
+    Learning rates may be factors of each trainer's own, ``lr=x0.316,x1,x3.16`` (``trainer_grid`` multiplies
+    them), so one grid serves trainers whose recipes differ by decades.
 
     Keys are ``TrainConfig`` fields or ``<trainer>.<option>`` of a trainer of the comparison, and every
     value must be one the option accepts, each once; anything else is a one-line ``ConfigError``, raised
@@ -75,7 +91,16 @@ def parse_grid(items: list[str], trainers: list[str]) -> dict[str, list]:
                                   f"its options: {', '.join(sorted(options)) or 'none'}")
         elif key not in fields:
             raise ConfigError(f"--tune-grid {key}: not a training option; tunable: {', '.join(sorted(fields))}")
+        factors = [_factor(v) for v in values] if key == "lr" else []
+        if any(f is not None for f in factors):
+            if None in factors:
+                raise ConfigError(f"--tune-grid lr={text}: give every value as a factor of the trainer's own "
+                                  f"learning rate (x0.316,x1,x3.16: positive numbers after x) or every value as a "
+                                  f"learning rate, not both")
+            values = [f"x{f:g}" for f in factors]
         for value in values:  # every value checked before any trial trains (a bad one would stop the search late)
+            if isinstance(value, str) and _factor(value) is not None:
+                continue
             try:
                 if dot:
                     build_engine(trainer, **{option: value})
@@ -96,6 +121,8 @@ def trainer_grid(grid: dict[str, list], trainer: str, lr: float) -> dict[str, li
     own = {k: v for k, v in grid.items() if "." not in k or k.startswith(f"{trainer}.")}
     if "lr" not in own:
         own = {"lr": [float(f"{lr * f:.3g}") for f in LR_FACTORS], **own}
+    elif _factor(own["lr"][0]) is not None:
+        own = {**own, "lr": [float(f"{lr * _factor(v):.3g}") for v in own["lr"]]}
     return own
 
 
