@@ -1,6 +1,6 @@
 """The FA family's gradient computation against backprop's: compute_grads alone, every engine interleaved
 round by round, medians of the times and of the per-round ratios to backprop (BENCHMARKS.md "The
-feedback-alignment family").
+feedback-alignment family's gradient computation").
 
 Models: the zoo's mlp (depth 4, width 256) and convnet on digits (batch 64), and transformers' GPT-2 (4 layers,
 width 64, 2 heads, vocabulary 10000: PTB words' size) on random tokens (batch 16 x 32), the shapes of the GPT-2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The FOTON depth table of BENCHMARKS.md (issues 12, 16): FOTON, PEPITA, FA, DFA and backprop on the same
+# The FOTON depth table of BENCHMARKS.md (Scale: "FOTON at depth", "FA and DFA at depth"): FOTON, PEPITA, FA, DFA and backprop on the same
 # orthogonal (Bjorck x3) tanh MLP of width 64, depths 2 / 8 / 32 / 100, each trainer at its
 # recipe (trainers/experiments/recipes.py: FOTON SGD 0.5 batch 256, PEPITA SGD 0.01 momentum 0.9 batch 64,
 # backprop, FA and DFA Adam 1e-3 batch 64), seeds 0,1,2, per-layer gradient agreement every 10 steps.

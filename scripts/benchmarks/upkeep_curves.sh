@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Björck projection against the Cayley retraction on digits (BENCHMARKS.md, issue 15): backprop and FOTON on
+# Björck projection against the Cayley retraction on digits (BENCHMARKS.md "Training with the Cayley retraction"): backprop and FOTON on
 # the same orthogonal tanh MLP of width 64, depths 8 and 32, kept orthogonal either by 3 Björck iterations
 # after every step or by the Cayley retraction of the step (orthogonal=retraction). Both upkeeps take the
 # same plain SGD step, FOTON's published setting for every run (lr 0.5, no momentum, batch 256), and lr 0.05
