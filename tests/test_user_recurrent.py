@@ -9,6 +9,7 @@ from torch import nn
 
 from gradengines import models, trainers
 from gradengines.tasks.base import sequence_cross_entropy
+from gradengines.trainers.core.errors import ModelConfigError
 
 V, E, H, T = 11, 6, 5, 7
 
@@ -225,3 +226,65 @@ def test_a_model_file_imports_a_module_beside_it(tmp_path, capsys):
     (tmp_path / "entry.py").write_text("from helper_net_mod import Net  # beside this file, no PYTHONPATH\n")
     assert train_main(["--model", f"{tmp_path / 'entry.py'}:Net", "--steps", "2", "--progress", "false",
                        "--logdir", str(tmp_path / "runs")]) == 0, capsys.readouterr().err
+
+
+class DetachingLayer(nn.Module):
+    """A user's own recurrent layer (the RecurrentLayer protocol) whose states may be detached from its weights."""
+
+    def __init__(self, d: int, detach: bool):
+        super().__init__()
+        self.mix, self.state_size, self.detach = nn.Linear(2 * d, d), d, detach
+
+    def cell(self, x_t, h_prev):
+        return torch.tanh(self.mix(torch.cat([x_t, h_prev], -1)))
+
+    def cell_with_gate(self, x_t, h_prev):
+        return self.cell(x_t, h_prev), torch.zeros_like(h_prev)
+
+    def forward_sequence(self, x, h0=None):
+        h, states = (x.new_zeros(x.shape[0], self.state_size) if h0 is None else h0), []
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+            states.append(h)
+        states = torch.stack(states, 1)
+        return states.detach() if self.detach else states
+
+    def output(self, states):
+        return states
+
+    def forward(self, x, h0=None):
+        return self.output(self.forward_sequence(x, h0))
+
+
+class DeclaredLM(nn.Module):
+    def __init__(self, detach: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(7, 6), nn.Linear(6, 7)
+        self.recurrent_layers = nn.ModuleList([DetachingLayer(6, detach)])
+
+    def forward(self, x):
+        return self.head(self.recurrent_layers[0](self.embed(x)))
+
+
+@pytest.mark.parametrize("engine, options", [("dsf", {}), ("ftbptt", {}), ("tbptt", {"k": 5}), ("highway", {"k": 5})])
+def test_a_declared_layer_whose_states_are_detached_is_refused_naming_its_parameters(engine, options):
+    """Autograd gives the weights of a layer that detaches its states no gradient; an engine that recomputes
+    the cell would train them: refused in one line naming them. The same layer without the detach trains, and
+    backprop (autograd itself) is never refused."""
+    x, y = torch.randint(0, 7, (3, 5)), torch.randint(0, 7, (3, 5))
+
+    def loss_fn(out, t):
+        return nn.functional.cross_entropy(out.reshape(-1, 7), t.reshape(-1))
+
+    detached = DeclaredLM(detach=True)
+    with pytest.raises(ModelConfigError, match=r"recurrent layer 0 \(DetachingLayer\) returns states detached from "
+                                               r"its parameters \(recurrent_layers\.0\.mix\.weight, "
+                                               r"recurrent_layers\.0\.mix\.bias\)") as err:
+        trainers.build_engine(engine, **options).compute_grads(detached, x, y, loss_fn)
+    assert "\n" not in str(err.value) and detached.recurrent_layers[0].mix.weight.grad is None
+    trainers.build_engine("backprop").compute_grads(detached, x, y, loss_fn)
+    assert not detached.recurrent_layers[0].mix.weight.grad.any()  # autograd's own answer: no gradient through
+    attached = DeclaredLM(detach=False)
+    trainers.build_engine(engine, **options).compute_grads(attached, x, y, loss_fn)
+    assert attached.recurrent_layers[0].mix.weight.grad.abs().sum() > 0

@@ -22,13 +22,14 @@ protocols by having the named attributes. Engines check them with
 """
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
 
-from gradengines.trainers.core.errors import IncompatibleModelError
+from gradengines.trainers.core.errors import IncompatibleModelError, ModelConfigError
 
 __all__ = ["refusal", "LayerStack", "ResidualStack", "RecurrentLayer", "require", "recurrent_forwards",
            "is_residual_stack"]
@@ -121,6 +122,32 @@ class RecurrentModel(Protocol):
     recurrent_layers: Sequence[nn.Module]  # RecurrentLayer modules, bottom to top
 
 
+_CARRY = weakref.WeakKeyDictionary()  # layers whose own forward was seen to carry their parameters' gradient
+
+
+def _checked(index: int, layer: nn.Module, forward: Callable) -> Callable:
+    """``forward``, after checking once per layer that the layer's own ``forward_sequence`` gives states that
+    depend on its trainable parameters under autograd. An engine that recomputes the cell (DSF, FT-BPTT, TBPTT,
+    Highway-BP over time) would otherwise train parameters the model's forward detaches, where backprop gives
+    them zero: a layer whose states carry no gradient is refused in one line naming its parameters (checked on
+    the first two steps of one sequence, once per layer)."""
+    def run(x, h0=None):
+        trained = [name for name, p in layer.named_parameters() if p.requires_grad]
+        if trained and torch.is_grad_enabled() and layer not in _CARRY:
+            states = layer.forward_sequence(x[:1, :2], None if h0 is None else h0[:1])
+            if not states.requires_grad:
+                names = ", ".join(f"recurrent_layers.{index}.{n}" for n in trained[:3])
+                raise ModelConfigError(
+                    f"recurrent layer {index} ({type(layer).__name__}) returns states detached from its parameters "
+                    f"({names}{', ...' if len(trained) > 3 else ''}): autograd gives them no gradient through it, "
+                    f"which the engines that recompute its cell cannot reproduce; remove the detach (or "
+                    f"torch.no_grad) from its forward_sequence, or freeze them (requires_grad_(False))")
+            _CARRY[layer] = True
+        return forward(x, h0)
+
+    return run
+
+
 @contextlib.contextmanager
 def recurrent_forwards(model: RecurrentModel,
                        make_forward: Callable[[int, nn.Module], Callable]) -> Iterator[RecurrentModel]:
@@ -130,7 +157,7 @@ def recurrent_forwards(model: RecurrentModel,
     layers = list(model.recurrent_layers)
     try:
         for i, layer in enumerate(layers):
-            layer.forward = make_forward(i, layer)
+            layer.forward = _checked(i, layer, make_forward(i, layer))
         yield model
     finally:
         for layer in layers:
