@@ -29,6 +29,30 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+#: The suite's slowest tests (``pytest --durations=30``: the ones that start processes, install the package or run
+#: every README command), started first: a worker that picked one up last would finish the suite alone on it, with
+#: the other cores idle (longest first is the classic remedy). The rest keep their order.
+SLOW_FIRST = (
+    "test_gpu_rows.py::test_dry_run_writes_every_table",
+    "test_user_models.py::test_the_installed_package_runs_its_console_commands_from_another_directory",
+    "test_user_recurrent.py::test_the_command_line_wraps_a_users_recurrent_model_for_dsf",
+    "test_readme_examples.py::test_readme_commands_run_top_to_bottom_in_one_folder",
+    "test_cli.py::test_default_compare_writes_runs_tags_table_and_png",
+    "test_failures.py::test_two_processes_started_together_on_one_run_directory",
+    "test_failures.py::test_failures_through_a_real_process",
+    "test_compile.py::test_an_engine_that_fails_compiled_is_refused_and_one_that_runs_its_blocks_is_told",
+    "test_replicas.py::test_the_hf_trainer_s_ddp_on_two_processes_equals_one_process_on_the_whole_batch",
+    "test_long_runs.py::test_sigterm_in_the_timing_phase_leaves_a_comparison_that_resumes",
+    "test_threads.py::test_the_python_api_chooses_threads_as_the_command_line_and_says_it_once",
+    "test_distributed.py::test_two_ranks_train_as_one_process_with_the_same_global_batch",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    order = {name: rank for rank, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: order.get(item.nodeid.rpartition("/")[2].partition("[")[0], len(order)))
+
+
 def pytest_xdist_auto_num_workers(config):
     """``pytest -n auto`` (pytest-xdist): one worker per core this process may use by the project's own count
     (CPU affinity capped by a cgroup quota, trainers/core/threads.py), where xdist's own would count the physical
