@@ -262,3 +262,55 @@ def test_an_encoder_decoder_classifier_trains_on_class_labels_exact_where_exact(
     stack = models.residual_stack(model, example=(x[:2], y[:2]))
     got = engine_grads(stack, trainers.build_engine("highway", k=16), x, y, loss, strip="model.")
     assert relative(got, exact) < 1e-10
+
+
+def _head(family: str, head: str):
+    """A tiny float64 classification (3 classes) or question-answering (start/end) head of an encoder-decoder
+    family: BART-like families share BART's config fields, T5-like ones T5's."""
+    labels = 3 if head == "ForSequenceClassification" else 2
+    cls, config_class = getattr(transformers, family + head), getattr(transformers, family + "Config")
+    if family in ("T5", "MT5", "UMT5"):
+        config = config_class(vocab_size=V, d_model=8, d_kv=4, d_ff=16, num_layers=2, num_decoder_layers=2,
+                              num_heads=2, dropout_rate=0.0, classifier_dropout=0.0, decoder_start_token_id=0,
+                              pad_token_id=0, eos_token_id=1, num_labels=labels)
+    else:
+        config = config_class(vocab_size=V, d_model=8, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                              decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+                              max_position_embeddings=16, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                              classifier_dropout=0.0, num_labels=labels)
+    return cls(config).double()
+
+
+@pytest.mark.parametrize("family, head", [
+    *((f, "ForSequenceClassification") for f in ("MBart", "PLBart", "Mvp", "MT5", "UMT5")),
+    *((f, "ForQuestionAnswering") for f in ("Bart", "MBart", "T5", "UMT5"))])
+def test_every_encoder_decoder_label_head_trains_under_backprop_and_each_engine_is_exact_or_refused(family, head):
+    """Item 2 of "exact or refused": the classification and question-answering heads of encoder-decoder families
+    make their own decoder inputs; given one label per example (a class; a start position, the head's output
+    declared as start_logits) backprop is autograd of transformers' own call, never refused; FA and DFA give finite
+    gradients or one line; Highway-BP at full k equals autograd or is refused in one line."""
+    torch.manual_seed(0)
+    model = _head(family, head)
+    if head == "ForQuestionAnswering":
+        models.declare_call(model, output="start_logits")
+    x = torch.randint(3, V, (B, T))
+    x[:, -1] = model.config.eos_token_id
+    y = torch.tensor([0, 2, 1])
+    out = model(input_ids=x)
+    logits = out.start_logits if head == "ForQuestionAnswering" else out.logits
+    exact = autograd_grads(model, torch.nn.functional.cross_entropy(logits, y))
+    loss = torch.nn.functional.cross_entropy
+    assert relative(engine_grads(model, trainers.build_engine("backprop"), x, y, loss), exact) < 1e-12
+    for name in ("fa", "dfa", "highway"):
+        try:
+            if name == "highway":
+                stack = models.residual_stack(model, example=(x[:2], y[:2]))
+                grads = engine_grads(stack, trainers.build_engine(name, k=16), x, y, loss, strip="model.")
+                # T5-like norms take their variance in float32 even in a float64 model: rounding of 1e-8 there
+                assert relative(grads, exact) < (1e-7 if "T5" in family else 1e-10)
+            else:
+                grads = engine_grads(model, trainers.build_engine(name), x, y, loss)
+        except models.ModelConfigError as err:  # the engines' refusals (IncompatibleModelError among them)
+            assert "\n" not in str(err), name
+            continue
+        assert all(torch.isfinite(g).all() for g in grads.values()), name

@@ -356,10 +356,11 @@ def _encoder_decoder(model: nn.Module) -> bool:
 
 
 def _classifies(model: nn.Module, targets: torch.Tensor | None) -> bool:
-    """A sequence-classification head of an encoder-decoder family (BART's, T5's, ...), given class ids: it makes
-    its decoder's inputs from its own input ids (transformers' shift), so none are passed; its LM head is not."""
-    return (type(model).__name__.endswith("ForSequenceClassification") and targets is not None
-            and targets.dim() == 1 and not targets.is_floating_point())
+    """A sequence-classification or question-answering head of an encoder-decoder family (BART's, T5's, ...),
+    given one label per example (a class, or a start position): it makes its decoder's inputs from its own input
+    ids (transformers' shift), so none are passed; its LM head is not."""
+    return (type(model).__name__.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
+            and targets is not None and targets.dim() == 1 and not targets.is_floating_point())
 
 
 def _decoder_inputs(model: nn.Module, targets: torch.Tensor | None) -> torch.Tensor:
