@@ -30,12 +30,18 @@ that produces its output:
 * ``post_ln``: the block ends in a LayerNorm of the sum (BERT): ``LN(u) = h a + b`` with
   u = h + z, a = gamma / sigma(u), b = (u - h - mu(u)) gamma / sigma(u) + beta, so
   ``r = h a + b`` with z = [a, b] and K = diag(a) (the paper's App. C.3, gamma = 0).
+* ``scaled``: a scaled skip ``u = a h + f(h)``, ``a`` a learned or fixed scalar or vector (Doge's
+  ``input_residual``): where u, with every **mixer** (a child with parameters, not a norm, that keeps
+  the state's shape) returning zeros, is a h on the example, ``a`` not 1 or depending on the block's
+  parameters: ``r = h a + b`` with z = [a, b], a that sum at h = 1 (its graph to the learned scale kept),
+  b = u - a h, K = diag(a) (the paper's Table 1 form, as ``post_ln``'s).
 * ``add``: anything else, ``r = h + z`` with z = block(h) - h, K = I.
 
 A block made of two residual sublayers is split where it is visible and checked on the
 example: a pre-LN block (its first child a norm, called again later: GPT-2, Llama, ViT,
 nanoGPT) at the second norm's input, the second sublayer computed with the first mixer
-(attention) returning zeros; a post-LN block whose first child ends in a LayerNorm (BERT's
+(attention) returning zeros (not where the first skip is scaled: the second sublayer would be
+given a1 h; Doge's whole layer is then one, a = a1 a2); a post-LN block whose first child ends in a LayerNorm (BERT's
 attention) at that child's output, the second computed with the child passing its input
 through. The blocks may read tensors besides the state that depend on trainable parameters, **side
 inputs** (an encoder's output read by every decoder block's cross-attention, a relative-position
@@ -45,7 +51,10 @@ cotangents over the blocks and backpropagates them through whatever computed it 
 table). A block whose output shape differs from its input's (a strided ResNet block with a
 projection shortcut) is a **boundary**: Highway-BP runs within the segments between
 boundaries, and each boundary is backpropagated exactly (the engine's ``_segments``).
-Every split is exact for k >= L: any split is, the whole-block fallback included.
+Every split is exact for k >= L: any split is, the whole-block fallback included. Where the structure
+found fails the engine's first-batch self-check all the same, the others the model offers are tried
+(``ResidualFound.others``: the blocks taken whole, then chains of the modules enclosing them), the first
+that passes kept and named in ``found``.
 """
 
 import contextlib
@@ -163,7 +172,8 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     return [c for c in calls if c.end >= 0]
 
 
-def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> list[tuple[list[_Call], dict]]:
+def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None,
+            every: bool = False) -> list[tuple[list[_Call], dict]]:
     """The candidate chains of blocks with their joins, best first: stages of different blocks stitched across
     their seams (``_stitched``) where that is longer, then the longest chain of like calls, each fed the previous
     one's output or the output of one **join** fed the previous one's (a module called on the state alone between
@@ -171,7 +181,8 @@ def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> li
     docstring). Like: of one module class, or (a hybrid: Jamba's Mamba and attention layers) modules made of
     modules that keep the state's shape, items of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module
     id -> the list holding it) in which some class comes again (items all of different classes are the parts of
-    one block: T5's attention and feed-forward)."""
+    one block: T5's attention and feed-forward). ``every``: then every other repeated chain, longest first (the
+    structures ``discover`` falls back on: an enclosing block class, the blocks of one stage)."""
     best: list[_Call] = []
     best_joins: dict[int, _Call] = {}
     by_class: dict[Any, list[_Call]] = {}
@@ -233,7 +244,9 @@ def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None) -> li
             if (len(chain), size) > (len(best), best_size):
                 best, best_joins = chain, joins[i]
     stitched = _stitched(segments, seam)
-    return [stitched, (best, best_joins)] if len(stitched[0]) > len(best) else [(best, best_joins)]
+    found = [stitched, (best, best_joins)] if len(stitched[0]) > len(best) else [(best, best_joins)]
+    rest = sorted((s for s in segments if s[0] is not best), key=lambda s: -len(s[0])) if every else []
+    return found + rest
 
 
 def _stitched(segments: list[tuple[list[_Call], dict[int, _Call]]],
@@ -324,34 +337,37 @@ class _Context:
 class FoundBlock(nn.Module):
     """One residual sublayer of a found block: ``branch(h)`` and ``combine(h, z)`` (module docstring).
 
-    kind: ``add``, ``relu`` or ``post_ln``. ``end``: the module whose input is u = h + z (the final
+    kind: ``add``, ``relu``, ``post_ln`` or ``scaled``. ``end``: the module whose input is u = h + z (the final
     activation or LayerNorm; None: the block's output is u). ``neutral``: modules replaced while this
-    sublayer runs (a split block's second part neutralises its first sublayer). ``boundary``: a shape
-    change, backpropagated exactly."""
+    sublayer runs (a split block's second part neutralises its first sublayer). ``skip``: kind ``scaled``, the
+    modules replaced to read the skip's scale (``neutral`` and every mixer returning zeros). ``boundary``: a
+    shape change, backpropagated exactly."""
 
     def __init__(self, module: nn.Module, context: _Context, kind: str = "add", *, end: nn.Module | None = None,
-                 neutral: dict | None = None, boundary: bool = False, gamma: float = 0.0):
+                 neutral: dict | None = None, boundary: bool = False, gamma: float = 0.0, skip: dict | None = None):
         super().__init__()
         self.module = module  # registered: its parameters are this sublayer's (an unused half gets none)
         self.kind, self.boundary, self.gamma = kind, boundary, gamma
         self.__dict__["context"] = context
         self.__dict__["end"] = end
         self.__dict__["neutral"] = neutral or {}
+        self.__dict__["skip"] = skip or {}
 
-    def _call(self, h: torch.Tensor) -> Any:
+    def _call(self, h: torch.Tensor, neutral: dict | None = None) -> Any:
         ctx = self.context
         args, kwargs = list(ctx.args), dict(ctx.kwargs)
         if isinstance(ctx.where, int):
             args[ctx.where] = h
         else:
             kwargs[ctx.where] = h
-        with replaced_forwards(self.neutral):
+        with replaced_forwards(self.neutral if neutral is None else neutral):
             return self.module(*args, **kwargs)
 
-    def _sum(self, h: torch.Tensor) -> torch.Tensor:
-        """u = h + z: the input of ``end`` (the block stopped there), or the block's output."""
+    def _sum(self, h: torch.Tensor, neutral: dict | None = None) -> torch.Tensor:
+        """u = h + z: the input of ``end`` (the block stopped there), or the block's output; ``neutral``: the
+        modules replaced (default: the sublayer's own)."""
         if self.end is None:
-            return _first_tensor(self._call(h))
+            return _first_tensor(self._call(h, neutral))
         seen = {}
 
         def stop(module, args, kwargs):  # before ``end`` runs: an in-place activation cannot change u
@@ -360,7 +376,7 @@ class FoundBlock(nn.Module):
 
         handle = self.end.register_forward_pre_hook(stop, with_kwargs=True)
         try:
-            self._call(h)
+            self._call(h, neutral)
         except _Stop:
             return seen["u"]
         finally:
@@ -372,8 +388,15 @@ class FoundBlock(nn.Module):
             return _first_tensor(self._call(h))
         return self.combine(h, self.branch(h))
 
+    def scale(self, h: torch.Tensor) -> torch.Tensor:
+        """a of a scaled skip u = a h + b: the sum with every mixer returning zeros, at h = 1 (module docstring)."""
+        return self._sum(torch.ones_like(h), self.skip)
+
     def branch(self, h: torch.Tensor) -> torch.Tensor:
         u = self._sum(h)
+        if self.kind == "scaled":  # u = h a + b: z = [a, b], K = diag(a)
+            a = self.scale(h)
+            return torch.stack([a, u - a * h])
         if self.kind == "add" and self.gamma:  # the paper's split of the residual: z + gamma h
             return u - (1 - self.gamma) * h
         if self.kind != "post_ln":
@@ -386,7 +409,7 @@ class FoundBlock(nn.Module):
     def combine(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.kind == "relu":
             return self.end(h + z)
-        if self.kind == "post_ln":
+        if self.kind in ("post_ln", "scaled"):
             return h * z[0] + z[1]
         return (1 - self.gamma) * h + z if self.gamma else h + z
 
@@ -397,6 +420,8 @@ class FoundBlock(nn.Module):
             return f"{type(self.end).__name__}(h + z)"
         if self.kind == "post_ln":
             return "LayerNorm(h + z)"
+        if self.kind == "scaled":
+            return "a h + z (a scaled skip)"
         return f"{1 - self.gamma:g} h + z" if self.gamma else "h + z"
 
 
@@ -408,6 +433,7 @@ class ResidualFound(nn.Module):
     stem_reads_targets = True  # the stem runs the model's forward, which may read the targets (nanoGPT)
     vmappable = False  # blocks read the batch's arguments: Highway-BP's reference path
     feeder: "ResidualFound | None" = None  # a chain whose output a side input is made of (an encoder; discover)
+    others: Callable[[], Iterator["ResidualFound"]] | None = None  # the other structures the model offers (_others)
 
     def __init__(self, model: nn.Module, chain: list[nn.Module], sublayers: list[FoundBlock], contexts: list,
                  outputs: list, before: list[nn.Module], found: str):
@@ -523,13 +549,45 @@ class ResidualFound(nn.Module):
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         return call_model(self.model, x, targets).outputs
 
+    def adopt(self, other: "ResidualFound") -> None:
+        """Take the structure of ``other``, found in the same model (its blocks, contexts, feeder, description)."""
+        for key in ("blocks", "chain", "context", "contexts", "outputs", "before", "feeder", "found"):
+            self.__dict__[key] = getattr(other, key)
+
+
+def _lists(model: nn.Module) -> dict[int, nn.Module]:
+    """id(module) -> the ``nn.ModuleList`` or ``nn.Sequential`` holding it (``_chains``)."""
+    return {id(item): holder for holder in model.modules() if isinstance(holder, (nn.ModuleList, nn.Sequential))
+            for item in holder.children()}
+
 
 def _names(model: nn.Module) -> dict[int, str]:
     return {id(m): name for name, m in model.named_modules()}
 
 
-def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float) -> list[FoundBlock]:
-    """The block of ``call`` as one or two sublayers (module docstring), checked on the example."""
+def _scaled(sub: FoundBlock, mixers: dict, x: torch.Tensor) -> FoundBlock:
+    """``sub`` read as a scaled skip u = a h + b (kind ``scaled``) where its sum with every mixer returning zeros
+    is a h on the example ``x``, with ``a`` not 1 or depending on the block's parameters (Doge's learned
+    ``input_residual``, initialised to ones); else ``sub`` itself (module docstring)."""
+    scaled = FoundBlock(sub.module, sub.context, "scaled", end=sub.end, neutral=sub.neutral,
+                        skip={**mixers, **sub.neutral})
+    params = [p for p in sub.module.parameters() if p.requires_grad]
+    try:
+        with torch.enable_grad():
+            a = scaled.scale(x)
+            linear = torch.allclose(scaled._sum(x, scaled.skip), a * x, rtol=1e-5, atol=1e-6 * float(x.abs().max()))
+            learned = a.requires_grad and any(g is not None and bool(g.any()) for g in torch.autograd.grad(
+                a.sum(), params, allow_unused=True))
+    except Exception:  # noqa: BLE001 - a sum that cannot run with its mixers returning zeros is no scaled skip
+        return sub
+    return scaled if linear and (learned or not bool((a == 1).all())) else sub
+
+
+def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float,
+               split: bool = True) -> list[FoundBlock]:
+    """The block of ``call`` as one or two sublayers (module docstring), checked on the example; ``split``
+    false: as one, read as ``add``, ``relu`` or ``post_ln`` only (the whole-block structure ``discover`` falls
+    back on)."""
     block = call.module
     if call.x_value.shape != call.y_value.shape:
         return [FoundBlock(block, context, boundary=True)]
@@ -545,15 +603,21 @@ def _sublayers(call: _Call, calls: list[_Call], context: _Context, gamma: float)
     end = ending(call)
     kind = "relu" if isinstance(end, ACTIVATIONS) else "post_ln" if end is not None and _is_layer_norm(end) \
         else "add"
+    mixers = {c.module: _zeros(c.output) for c in direct if not _is_norm(c.module)
+              and any(True for _ in c.module.parameters()) and c.x_value.shape == c.y_value.shape}
     whole = [FoundBlock(block, context, kind, end=end if kind != "add" else None, gamma=gamma)]
+    whole = [_scaled(whole[0], mixers, call.x_value)] if kind == "add" and split else whole
     parts = None
-    if kind == "add" and len(direct) >= 3 and _is_norm(direct[0].module):
+    if split and kind == "add" and len(direct) >= 3 and _is_norm(direct[0].module):
         again = next((c for c in direct[2:] if type(c.module) is type(direct[0].module)), None)
         if again is not None:  # pre-LN: h1 = h + mixer(norm1(h)) is the second norm's input
             mixer = direct[1]
-            parts = [FoundBlock(block, context, "add", end=again.module, gamma=gamma),
-                     FoundBlock(block, context, "add", neutral={mixer.module: _zeros(mixer.output)}, gamma=gamma)]
-    elif kind == "post_ln" and direct:
+            parts = [_scaled(FoundBlock(block, context, "add", end=again.module, gamma=gamma), mixers, call.x_value),
+                     _scaled(FoundBlock(block, context, "add", neutral={mixer.module: _zeros(mixer.output)},
+                                        gamma=gamma), mixers, call.x_value)]
+            if parts[0].kind == "scaled":  # the second part would be given a1 h, not h: the whole block is one
+                parts = None
+    elif split and kind == "post_ln" and direct:
         first_end = ending(direct[0])
         if first_end is not None and _is_layer_norm(first_end) and first_end is not end:  # BERT: attention
             parts = [FoundBlock(block, context, "post_ln", end=first_end),
@@ -654,9 +718,9 @@ def _agrees(sublayers: list[FoundBlock], h: torch.Tensor, expected: torch.Tensor
 
 
 def _build(model: nn.Module, calls: list[_Call], chain: list[_Call], joins: dict[int, _Call], gamma: float,
-           names: dict[int, str]) -> tuple[ResidualFound, dict]:
+           names: dict[int, str], split: bool = True) -> tuple[ResidualFound, dict]:
     """The residual stack of ``chain`` (its joins, its opener, its contexts, its sublayers; module docstring), and
-    what its description adds: ``joins``, ``per_block``, ``opener``."""
+    what its description adds: ``joins``, ``per_block``, ``opener``; ``split`` false: whole blocks."""
     modules = [c.module for c in chain]
     if len({id(m) for m in modules}) < len(modules):
         raise ModelConfigError(f"residual_stack: {names[id(modules[0])] or type(modules[0]).__name__} is "
@@ -685,7 +749,7 @@ def _build(model: nn.Module, calls: list[_Call], chain: list[_Call], joins: dict
             alone = _Context(0)
             alone.keep((None,), {})
             sublayers.append(FoundBlock(joins[id(call)].module, alone, boundary=True))
-        sublayers += _sublayers(call, calls, contexts[i if per_block else 0], gamma)
+        sublayers += _sublayers(call, calls, contexts[i if per_block else 0], gamma, split)
     ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
     before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
     before += [j.module for j in joins.values()]  # the head runs them again: in eval mode, as the stem
@@ -785,8 +849,7 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
     model.eval()  # no dropout in the run that is read
     try:
         calls = _trace(model, inputs, targets)
-        lists = {id(item): holder for holder in model.modules() if isinstance(holder, (nn.ModuleList, nn.Sequential))
-                 for item in holder.children()}
+        lists = _lists(model)
         candidates = _chains(calls, lists)
         if len(candidates[0][0]) < 2:
             raise ModelConfigError(
@@ -804,14 +867,55 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
             except ModelConfigError:
                 if n == len(candidates):
                     raise
-        fed = _feeder(model, calls, stack, said["start"], gamma, names, inputs, targets)
-        if fed is not None:
-            feeder, feeder_said = fed
-            feeder_sides = sorted({name for name, _, _ in _sides_found(feeder, inputs, targets)})
-            stack.__dict__["feeder"] = feeder
-            stack.found = (f"{feeder.found}{_described(feeder, feeder_said, feeder_sides, names)}, whose output "
-                           f"feeds {stack.found}")
+        _finish(model, calls, stack, said, sides, gamma, names, inputs, targets)
     finally:
         model.train(was_training)
-    stack.found += _described(stack, said, sides, names)
+    stack.__dict__["others"] = lambda: _others(model, inputs, targets, gamma, stack.chain)
     return stack
+
+
+def _finish(model: nn.Module, calls: list[_Call], stack: ResidualFound, said: dict, sides: list[str], gamma: float,
+            names: dict, inputs, targets) -> None:
+    """The stack's feeder, if any (``_feeder``), and its description completed (``_described``)."""
+    fed = _feeder(model, calls, stack, said["start"], gamma, names, inputs, targets)
+    if fed is not None:
+        feeder, feeder_said = fed
+        feeder_sides = sorted({name for name, _, _ in _sides_found(feeder, inputs, targets)})
+        stack.__dict__["feeder"] = feeder
+        stack.found = (f"{feeder.found}{_described(feeder, feeder_said, feeder_sides, names)}, whose output "
+                       f"feeds {stack.found}")
+    stack.found += _described(stack, said, sides, names)
+
+
+def _others(model: nn.Module, inputs, targets, gamma: float, chosen: list[nn.Module]) -> Iterator[ResidualFound]:
+    """The other structures ``model`` offers, in the order the engine's self-check tries them where the first
+    fails: the blocks first found taken whole (no split, no scaled skip read), then every repeated chain of
+    modules that enclose them, longest first (HGNet's blocks, not the conv-norm-act units chained inside each),
+    each found again from the example and kept where it builds and reproduces the model's outputs."""
+    was_training = model.training
+    model.eval()
+    try:
+        calls = _trace(model, inputs, targets)
+        lists = _lists(model)
+        names, chains = _names(model), _chains(calls, lists, every=True)
+    finally:
+        model.train(was_training)
+    mine = {id(m) for m in chosen}
+    enclosing = {id(m) for m in model.modules() if id(m) not in mine and any(id(x) in mine for x in m.modules())}
+    specs = [(c, j, False) for c, j in chains if mine <= {id(call.module) for call in c}][:1]
+    specs += [(c, j, True) for c, j in chains if any(id(call.module) in enclosing for call in c)]
+    for chain, joins, split in specs:
+        model.eval()
+        try:
+            stack, said = _build(model, calls, chain, joins, gamma, names, split)
+            sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})
+            if not _reproduces(stack, inputs, targets):
+                continue
+            _finish(model, calls, stack, said, sides, gamma, names, inputs, targets)
+        except ModelConfigError:
+            continue
+        finally:
+            model.train(was_training)
+        if not split:
+            stack.found = stack.found.replace(" as ", " taken whole as ", 1)
+        yield stack

@@ -56,6 +56,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from gradengines.models.adapters.calling import forward_loss
 from gradengines.models.adapters.discovery import ResidualFound
 from gradengines.models.adapters.residual import ResidualView
+from gradengines.models.errors import ModelConfigError
 from gradengines.models.layers.dropout import ConsistentDropout
 from gradengines.models.layers.recurrent import previous_states
 from gradengines.models.layers.scan import METHODS, reverse_scan
@@ -367,9 +368,31 @@ class Highway(GradientEngine):
     def first_batch_check(self, model, inputs, targets, loss_fn) -> None:
         """A residual stack found or declared in a user's model (``models.residual_stack``), every segment's
         cotangents exact (``exact_cotangents``: what k >= L computes, through the same stem, blocks, combines
-        and head), against autograd of the user's model on this batch (``trainers.core.self_check``)."""
+        and head), against autograd of the user's model on this batch (``trainers.core.self_check``). Where a
+        found structure fails, the others its model offers are tried in turn (``ResidualFound.others``), the
+        first that passes kept and said in ``found``; the refusal, where none does, names every one tried."""
         if not self.options.self_check or not isinstance(model, (ResidualFound, ResidualView)):
             return
+        try:
+            self._check_structure(model, inputs, targets, loss_fn)
+        except ModelConfigError as refused:
+            if not isinstance(model, ResidualFound) or model.others is None:
+                raise
+            first, tried = copy.copy(model), [model.found.partition(" as ")[0]]
+            for other in model.others():
+                model.adopt(other)
+                try:
+                    self._check_structure(model, inputs, targets, loss_fn)
+                except ModelConfigError:
+                    tried.append(other.found.partition(";")[0])
+                    continue
+                model.found += f"; chosen where {tried[0]}, found first, fails the self-check"
+                return
+            model.adopt(first)
+            raise ModelConfigError(f"{refused} [structures tried: {'; '.join(tried)}]") from None
+
+    def _check_structure(self, model, inputs, targets, loss_fn) -> None:
+        """``first_batch_check`` of the structure ``model`` holds now: one line where it is not exact."""
         named = trainable_parameters(model)
         params = [p for _, p in named]
         found = f"the residual stack found ({model.found.partition(' as ')[0]})" if isinstance(model, ResidualFound) \
