@@ -827,3 +827,31 @@ def test_a_sigterm_while_a_checkpoint_is_written_is_delivered_once_it_is_whole(t
         signal.signal(signal.SIGTERM, previous)
     state = checkpoint.load_checkpoint(tmp_path / "checkpoint.pt")
     assert state["step"] == 3 and torch.equal(state["w"], torch.ones(4))
+
+
+def test_the_whole_traceback_is_there_for_whoever_asks_with_gradengines_debug(monkeypatch, capsys):
+    """Every failure is one line and its exit code; GRADENGINES_DEBUG=1 adds the whole traceback before that
+    line (for a bug report), never instead of it; a failure the commands do not know is raised as it is."""
+    from gradengines.trainers.cli.process import run_cli
+    from gradengines.trainers.core.errors import ConfigError
+
+    def refused():
+        raise ConfigError("--lr must be a finite number, got nan")
+
+    monkeypatch.delenv("GRADENGINES_DEBUG", raising=False)
+    assert run_cli(refused) == 2
+    assert capsys.readouterr().err == "error: --lr must be a finite number, got nan\n"
+    monkeypatch.setenv("GRADENGINES_DEBUG", "1")
+    assert run_cli(refused) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "in refused" in err
+    assert err.endswith("ConfigError: --lr must be a finite number, got nan\nerror: --lr must be a finite number, "
+                        "got nan\n")
+    monkeypatch.setenv("GRADENGINES_DEBUG", "0")
+    assert run_cli(refused) == 2 and "Traceback" not in capsys.readouterr().err
+
+    def broken():
+        return 1 / 0
+
+    with pytest.raises(ZeroDivisionError):
+        run_cli(broken)

@@ -1,8 +1,11 @@
 """A command as a process: every user error one line on stderr and exit code 2, a failure during training
-one line and 1, Ctrl-C 130, SIGTERM 143 (the run stops as on Ctrl-C, its checkpoint kept)."""
+one line and 1, Ctrl-C 130, SIGTERM 143 (the run stops as on Ctrl-C, its checkpoint kept). With
+``GRADENGINES_DEBUG=1`` in the environment the failure's whole traceback is printed before its line."""
 
+import os
 import signal
 import sys
+import traceback
 
 from gradengines.trainers.core.distributed import DataParallel
 from gradengines.trainers.core.errors import (
@@ -53,20 +56,11 @@ def _run_reporting(main) -> int:
     try:
         with command_line():
             return main() or 0
-    except USER_ERRORS as err:
-        code, message = 2, str(err)
-    except (NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, ModelRunError) as err:
-        code, message = 1, str(err)
-    except OSError as err:
-        code, message = 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
-    except KeyboardInterrupt as err:
-        terminated = isinstance(err, (Terminated, RunTerminated))
-        code = TERMINATED if terminated else INTERRUPTED
-        message = str(err) or ("terminated (SIGTERM)" if terminated else "interrupted")
-    except (MemoryError, RuntimeError) as err:  # a failed allocation before training: the sizes asked for
-        if not out_of_memory(err):
-            raise
-        code, message = 2, f"{out_of_memory(err)}; lower the sizes asked for (batch, model, --task-option)"
+    except BaseException as err:  # noqa: BLE001 - spelled below; what is not a known failure is raised again
+        caught = err
+        code, message = _spelled(err)
+    if os.environ.get("GRADENGINES_DEBUG", "") not in ("", "0"):  # the whole story, for whoever asks for it
+        traceback.print_exception(caught, file=sys.stderr)
     here = DataParallel()
     prefix = f"[rank {here.rank}/{here.world_size}] " if here.active and not message.startswith("rank ") else ""
     # one write of the whole line: the ranks of a torchrun job print at the same moment, and a print's separate
@@ -74,6 +68,23 @@ def _run_reporting(main) -> int:
     sys.stderr.write(f"error: {prefix}{message}\n")
     sys.stderr.flush()
     return code
+
+
+def _spelled(err: BaseException) -> tuple[int, str]:
+    """(exit code, one line) of a failure the commands know (``run_cli``); anything else is raised again."""
+    if isinstance(err, USER_ERRORS):
+        return 2, str(err)
+    if isinstance(err, (NonFiniteLossError, DistributedError, RunWriteError, RunOutOfMemory, ModelRunError)):
+        return 1, str(err)
+    if isinstance(err, OSError):
+        return 2, f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
+    if isinstance(err, KeyboardInterrupt):
+        terminated = isinstance(err, (Terminated, RunTerminated))
+        return (TERMINATED if terminated else INTERRUPTED,
+                str(err) or ("terminated (SIGTERM)" if terminated else "interrupted"))
+    if isinstance(err, (MemoryError, RuntimeError)) and out_of_memory(err):  # a failed allocation before training
+        return 2, f"{out_of_memory(err)}; lower the sizes asked for (batch, model, --task-option)"
+    raise err
 
 
 def _terminate(signum, frame):
