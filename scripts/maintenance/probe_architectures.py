@@ -5,8 +5,10 @@ config: hidden 8-16, two layers or stages, vocabulary 29, 7 tokens, batch 2, 32x
 ``model.eval()``, ``torch.manual_seed(0)``; every BatchNorm's running statistics, every layer-scale
 gamma and every all-zero weight randomised so that no residual branch is near zero) the script builds
 inputs, targets and the loss as the framework's tasks do (causal LMs: the next tokens and
-``tasks.base.sequence_cross_entropy``; classifiers: class ids and ``tasks.base.cross_entropy_loss``;
-encoder-decoders are called as the framework calls any model, ``models.call_model(model, x, y)``) and
+``tasks.base.sequence_cross_entropy``; classifiers: class ids and ``tasks.base.cross_entropy_loss``, each
+example ending with the end-of-sequence id for an encoder-decoder classifier (MBart's, MT5's, ...), which reads
+its hidden state there; encoder-decoders are called as the framework calls any model,
+``models.call_model(model, x, y)``) and
 runs, each on a fresh deep copy, through the public API only:
 
 * ``backprop`` on the model;
@@ -109,16 +111,17 @@ class Case:
     mels: int = 8
     frames: int = 16
     width: int = 16  # encoder: the hidden size the targets index
+    last_token: int | None = None  # seq-cls: every example ends with this id (an encoder-decoder's end of sequence)
 
 
-def _hf(name: str, config: str, kind: str, note: str = "", **kwargs) -> Case:
+def _hf(name: str, config: str, kind: str, note: str = "", last_token: int | None = None, **kwargs) -> Case:
     def build():
         import transformers
         cfg = getattr(transformers, config)(**kwargs)
         return getattr(transformers, name)(cfg)
     extra = {"mels": kwargs.get("num_mel_bins", 8), "frames": 2 * kwargs.get("max_source_positions", 8)}
     return Case("transformers", name, kind, build, note, width=kwargs.get("d_model", kwargs.get("hidden_size", 16)),
-                **extra)
+                last_token=last_token, **extra)
 
 
 LLAMA = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -225,7 +228,229 @@ def transformers_cases() -> list[Case]:
             max_decoder_position_embeddings=32, attention_window=[4, 4], pad_token_id=1, bos_token_id=0,
             eos_token_id=2, decoder_start_token_id=2),
         _hf("T5ForConditionalGeneration", "T5Config", "seq2seq", **T5),
+        *added_transformers_cases(),
     ]
+
+
+def added_transformers_cases() -> list[Case]:
+    """Issue 63: families the probe did not cover (recent decoder LMs with per-layer attention types, hybrids with
+    state-space or linear-attention layers, efficient CNNs and CNN-transformer hybrids, encoder-decoder
+    classifiers, more encoders)."""
+    layers2 = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, experts_implementation="eager")
+    mamba2 = dict(mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2,
+                  mamba_chunk_size=4)
+    return [
+        # recent decoder LMs, several with per-layer attention types (sliding window / full)
+        _hf("Gemma3ForCausalLM", "Gemma3TextConfig", "lm", "sliding and full layers, sandwich norms", **LLAMA,
+            head_dim=8, **layers2),
+        _hf("Gemma3nForCausalLM", "Gemma3nTextConfig", "lm", "AltUp, LAuReL, per-layer inputs", **LLAMA, head_dim=8,
+            **layers2, vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=4, laurel_rank=4,
+            altup_num_inputs=2, num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0]),
+        _hf("VaultGemmaForCausalLM", "VaultGemmaConfig", "lm", **LLAMA, head_dim=8, **layers2),
+        _hf("CohereForCausalLM", "CohereConfig", "lm", "parallel residual", **LLAMA),
+        _hf("Cohere2ForCausalLM", "Cohere2Config", "lm", "parallel residual, sliding and full layers", **LLAMA,
+            **layers2),
+        _hf("OlmoForCausalLM", "OlmoConfig", "lm", "non-parametric LayerNorm", **LLAMA),
+        _hf("Olmo2ForCausalLM", "Olmo2Config", "lm", "norms after each sublayer", **LLAMA),
+        _hf("Olmo3ForCausalLM", "Olmo3Config", "lm", "sliding and full layers", **LLAMA, **layers2),
+        _hf("OlmoeForCausalLM", "OlmoeConfig", "lm", "MoE", **LLAMA, num_experts=4, num_experts_per_tok=2,
+            experts_implementation="eager"),
+        _hf("Qwen3ForCausalLM", "Qwen3Config", "lm", "q/k norms", **LLAMA, head_dim=8),
+        _hf("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "lm", "MoE", **LLAMA, head_dim=8, **moe),
+        _hf("SmolLM3ForCausalLM", "SmolLM3Config", "lm", "RoPE on some layers only", **LLAMA,
+            no_rope_layers=[1, 0]),
+        _hf("GlmForCausalLM", "GlmConfig", "lm", "partial rotary", **LLAMA, head_dim=8),
+        _hf("Glm4ForCausalLM", "Glm4Config", "lm", "sandwich norms", **LLAMA, head_dim=8),
+        _hf("PhimoeForCausalLM", "PhimoeConfig", "lm", "MoE", **LLAMA, num_local_experts=4, num_experts_per_tok=2,
+            experts_implementation="eager"),
+        _hf("GraniteForCausalLM", "GraniteConfig", "lm", "residual multiplier", **LLAMA, residual_multiplier=0.5,
+            embedding_multiplier=2.0, logits_scaling=2.0, attention_multiplier=0.25),
+        _hf("GraniteMoeForCausalLM", "GraniteMoeConfig", "lm", "MoE, residual multiplier", **LLAMA,
+            num_local_experts=4, num_experts_per_tok=2, residual_multiplier=0.5, experts_implementation="eager"),
+        _hf("HeliumForCausalLM", "HeliumConfig", "lm", **LLAMA, head_dim=8),
+        _hf("DogeForCausalLM", "DogeConfig", "lm", "dynamic mask attention, learned residual weights", **LLAMA),
+        _hf("Exaone4ForCausalLM", "Exaone4Config", "lm", "sliding and full layers, norms after sublayers", **LLAMA,
+            **layers2),
+        _hf("Ernie4_5ForCausalLM", "Ernie4_5Config", "lm", **LLAMA, head_dim=8),
+        _hf("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", "lm", "MoE + shared expert", **LLAMA, head_dim=8,
+            moe_num_experts=4, moe_k=2, moe_intermediate_size=16, moe_num_shared_experts=1, moe_layer_start_index=0,
+            experts_implementation="eager"),
+        _hf("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", "lm", "q/k norms", **LLAMA, head_dim=8),
+        _hf("Dots1ForCausalLM", "Dots1Config", "lm", "MoE, dense first layer", **LLAMA, head_dim=8,
+            n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16,
+            first_k_dense_replace=1, n_group=1, topk_group=1, experts_implementation="eager"),
+        _hf("SeedOssForCausalLM", "SeedOssConfig", "lm", **LLAMA, head_dim=8),
+        _hf("ApertusForCausalLM", "ApertusConfig", "lm", "xIELU", **LLAMA),
+        _hf("ArceeForCausalLM", "ArceeConfig", "lm", "ReLU^2 MLP", **LLAMA),
+        _hf("MinistralForCausalLM", "MinistralConfig", "lm", "sliding and full layers", **LLAMA, head_dim=8,
+            **layers2),
+        _hf("Starcoder2ForCausalLM", "Starcoder2Config", "lm", **LLAMA),
+        _hf("NemotronForCausalLM", "NemotronConfig", "lm", "LayerNorm1p", **LLAMA),
+        _hf("PersimmonForCausalLM", "PersimmonConfig", "lm", "q/k LayerNorms", **LLAMA),
+        _hf("DiffLlamaForCausalLM", "DiffLlamaConfig", "lm", "differential attention", **LLAMA),
+        _hf("GptOssForCausalLM", "GptOssConfig", "lm", "attention sinks, MoE, sliding and full layers", **LLAMA,
+            head_dim=8, num_local_experts=4, num_experts_per_tok=2, **layers2, experts_implementation="eager"),
+        _hf("DeepseekV3ForCausalLM", "DeepseekV3Config", "lm", "multi-head latent attention, MoE", **LLAMA,
+            kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=4, n_routed_experts=4,
+            num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
+            topk_group=1, experts_implementation="eager"),
+        _hf("MptForCausalLM", "MptConfig", "lm", "ALiBi", vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=2,
+            expansion_ratio=2, max_seq_len=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        _hf("BioGptForCausalLM", "BioGptConfig", "lm", **{k: v for k, v in BERT.items() if k != "num_labels"},
+            bos_token_id=1, eos_token_id=2),
+        _hf("JetMoeForCausalLM", "JetMoeConfig", "lm", "mixture of attention heads and of MLPs", vocab_size=VOCAB,
+            hidden_size=16, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8, intermediate_size=32,
+            max_position_embeddings=32, num_local_experts=4, num_experts_per_tok=2, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2),
+        # hybrids: state-space, convolution or linear-attention layers among attention layers
+        _hf("Mamba2ForCausalLM", "Mamba2Config", "lm", "state space (SSD)", vocab_size=VOCAB, hidden_size=16,
+            num_heads=4, head_dim=8, state_size=4, num_hidden_layers=2, expand=2, n_groups=1, conv_kernel=4,
+            chunk_size=4, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+        _hf("FalconMambaForCausalLM", "FalconMambaConfig", "lm", "state space, RMS-normed dt/B/C", vocab_size=VOCAB,
+            hidden_size=16, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0),
+        # four layers: two periods of (Mamba, attention), so that a layer comes again (a real Jamba has 32)
+        _hf("JambaForCausalLM", "JambaConfig", "lm", "Mamba and attention layers, MoE",
+            **{**LLAMA, "num_hidden_layers": 4}, attn_layer_period=2,
+            attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+            mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False,
+            experts_implementation="eager"),
+        _hf("ZambaForCausalLM", "ZambaConfig", "lm", "Mamba layers and a shared attention block", **LLAMA,
+            attention_hidden_size=32, attention_head_dim=16, n_mamba_heads=2, mamba_d_state=4, mamba_d_conv=4,
+            mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False, layers_block_type=["hybrid", "hybrid"]),
+        _hf("Zamba2ForCausalLM", "Zamba2Config", "lm", "Mamba2 layers and a shared attention block", **LLAMA,
+            mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, n_mamba_heads=4, chunk_size=4,
+            use_mamba_kernels=False, layers_block_type=["mamba", "hybrid"], num_mem_blocks=1),
+        _hf("BambaForCausalLM", "BambaConfig", "lm", "Mamba2 and attention layers", **LLAMA, attn_layer_indices=[1],
+            **mamba2),
+        _hf("FalconH1ForCausalLM", "FalconH1Config", "lm", "parallel Mamba2 and attention", **LLAMA, mamba_d_ssm=32,
+            **mamba2),
+        _hf("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", "lm", "Mamba2 and attention layers, MoE", **LLAMA,
+            layer_types=["mamba", "attention"], num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
+            residual_multiplier=0.5, experts_implementation="eager", **mamba2),
+        _hf("NemotronHForCausalLM", "NemotronHConfig", "lm", "Mamba2, attention and MLP layers", vocab_size=VOCAB,
+            hidden_size=16, layers_block_type=["mamba", "attention", "mlp"], num_attention_heads=2,
+            num_key_value_heads=2, head_dim=8, intermediate_size=32, ssm_state_size=4, mamba_num_heads=4,
+            mamba_head_dim=8, n_groups=1, conv_kernel=4, expand=2, chunk_size=4, max_position_embeddings=32,
+            use_mamba_kernels=False, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        _hf("Lfm2ForCausalLM", "Lfm2Config", "lm", "short convolution and attention layers", **LLAMA,
+            layer_types=["conv", "full_attention"]),
+        _hf("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig", "lm", "RG-LRU recurrence and local attention",
+            **{k: v for k, v in LLAMA.items() if k != "max_position_embeddings"}, lru_width=16,
+            attention_window_size=4, conv1d_width=4, block_types=["recurrent", "attention"]),
+        _hf("Qwen3NextForCausalLM", "Qwen3NextConfig", "lm", "gated DeltaNet and gated attention layers, MoE",
+            **LLAMA, head_dim=8, linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+            linear_num_key_heads=2, linear_num_value_heads=2, shared_expert_intermediate_size=16,
+            layer_types=["linear_attention", "full_attention"], **moe),
+        _hf("MiniMaxForCausalLM", "MiniMaxConfig", "lm", "lightning (linear) and softmax attention layers, MoE",
+            **LLAMA, head_dim=8, num_local_experts=4, num_experts_per_tok=2, block_size=4,
+            layer_types=["linear_attention", "full_attention"], experts_implementation="eager"),
+        # use_cache=False: in eval mode RWKV otherwise writes its state in place, and autograd itself fails
+        _hf("RwkvForCausalLM", "RwkvConfig", "lm", "RWKV time mixing", vocab_size=VOCAB, context_length=32,
+            hidden_size=16, num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32, bos_token_id=1,
+            eos_token_id=2, use_cache=False),
+        # encoders
+        _hf("ModernBertForSequenceClassification", "ModernBertConfig", "seq-cls", "global and local attention layers",
+            **BERT, layer_types=["full_attention", "sliding_attention"], local_attention=4, cls_token_id=1,
+            sep_token_id=2),
+        _hf("EuroBertForSequenceClassification", "EuroBertConfig", "seq-cls", "Llama-style encoder", **BERT,
+            num_key_value_heads=2, bos_token_id=1, eos_token_id=2),
+        _hf("MegatronBertForSequenceClassification", "MegatronBertConfig", "seq-cls", "pre-LN", **BERT),
+        _hf("RobertaPreLayerNormForSequenceClassification", "RobertaPreLayerNormConfig", "seq-cls", "pre-LN",
+            **{**BERT, "pad_token_id": 1}),
+        _hf("RoFormerForSequenceClassification", "RoFormerConfig", "seq-cls", "rotary, post-LN", **BERT,
+            embedding_size=16),
+        _hf("ConvBertForSequenceClassification", "ConvBertConfig", "seq-cls", "span-based dynamic convolution",
+            **BERT, embedding_size=16, head_ratio=1, conv_kernel_size=3),
+        _hf("DebertaForSequenceClassification", "DebertaConfig", "seq-cls", "disentangled relative attention (v1)",
+            **BERT, relative_attention=True, max_relative_positions=16, pos_att_type=["p2c", "c2p"]),
+        _hf("FunnelForSequenceClassification", "FunnelConfig", "seq-cls", "pooling between blocks", vocab_size=VOCAB,
+            block_sizes=[1, 1], d_model=16, n_head=2, d_head=8, d_inner=32, num_decoder_layers=1, num_labels=LABELS,
+            pad_token_id=0),
+        _hf("SqueezeBertForSequenceClassification", "SqueezeBertConfig", "seq-cls", "grouped convolutions", **BERT,
+            embedding_size=16, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2, intermediate_groups=2,
+            output_groups=2),
+        _hf("FNetForSequenceClassification", "FNetConfig", "seq-cls", "Fourier mixing", **BERT),
+        _hf("NystromformerForSequenceClassification", "NystromformerConfig", "seq-cls", "Nystrom attention", **BERT,
+            num_landmarks=7, segment_means_seq_len=SEQ),
+        # encoder-decoder classifiers (the decoder reads the input; the last end-of-sequence token is classified)
+        _hf("MBartForSequenceClassification", "MBartConfig", "seq-cls", "encoder-decoder classifier", **SEQ2SEQ,
+            num_labels=LABELS, last_token=2),
+        _hf("PLBartForSequenceClassification", "PLBartConfig", "seq-cls", "encoder-decoder classifier", **SEQ2SEQ,
+            num_labels=LABELS, last_token=2),
+        _hf("MvpForSequenceClassification", "MvpConfig", "seq-cls", "encoder-decoder classifier", **SEQ2SEQ,
+            num_labels=LABELS, last_token=2),
+        _hf("BigBirdPegasusForSequenceClassification", "BigBirdPegasusConfig", "seq-cls",
+            "encoder-decoder classifier, full attention at this length", **SEQ2SEQ, attention_type="original_full",
+            num_labels=LABELS, last_token=2),
+        _hf("MT5ForSequenceClassification", "MT5Config", "seq-cls", "encoder-decoder classifier", **T5,
+            num_labels=LABELS, last_token=1),
+        _hf("UMT5ForSequenceClassification", "UMT5Config", "seq-cls", "encoder-decoder classifier, per-layer bias",
+            **T5, num_labels=LABELS, last_token=1),
+        # efficient CNNs and CNN-transformer hybrids
+        _hf("EfficientNetForImageClassification", "EfficientNetConfig", "img-cls", "MBConv, SE", image_size=IMAGE,
+            width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320, num_labels=IMAGE_LABELS),
+        _hf("MobileNetV1ForImageClassification", "MobileNetV1Config", "img-cls", "depthwise separable",
+            image_size=IMAGE, depth_multiplier=0.25, min_depth=4, num_labels=IMAGE_LABELS),
+        _hf("MobileNetV2ForImageClassification", "MobileNetV2Config", "img-cls", "inverted residuals",
+            image_size=IMAGE, depth_multiplier=0.25, min_depth=4, num_labels=IMAGE_LABELS),
+        _hf("RegNetForImageClassification", "RegNetConfig", "img-cls", "grouped bottlenecks, SE", embedding_size=8,
+            hidden_sizes=[8, 16], depths=[2, 2], groups_width=8, layer_type="y", num_labels=IMAGE_LABELS),
+        _hf("BitForImageClassification", "BitConfig", "img-cls", "pre-activation, weight standardisation",
+            embedding_size=8, hidden_sizes=[8, 16], depths=[2, 2], layer_type="preactivation", num_groups=2,
+            num_labels=IMAGE_LABELS),
+        _hf("ConvNextV2ForImageClassification", "ConvNextV2Config", "img-cls", "global response norm",
+            hidden_sizes=[8, 16], depths=[2, 2], num_stages=2, image_size=IMAGE, num_labels=IMAGE_LABELS),
+        _hf("HGNetV2ForImageClassification", "HGNetV2Config", "img-cls", "HG blocks, learnable affine",
+            embedding_size=8, depths=[1, 1], hidden_sizes=[16, 32], stem_channels=[3, 8, 8],
+            stage_in_channels=[8, 16], stage_mid_channels=[8, 8], stage_out_channels=[16, 32], stage_num_blocks=[1, 2],
+            stage_downsample=[False, True], stage_light_block=[False, True], stage_kernel_size=[3, 3],
+            stage_numb_of_layers=[2, 2], use_learnable_affine_block=True, num_labels=IMAGE_LABELS),
+        _hf("PoolFormerForImageClassification", "PoolFormerConfig", "img-cls", "MetaFormer, pooling mixer",
+            hidden_sizes=[8, 16], depths=[2, 2], patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1],
+            num_encoder_blocks=2, num_labels=IMAGE_LABELS),
+        _image(64, _hf("MobileViTV2ForImageClassification", "MobileViTV2Config", "img-cls",
+                       "separable attention blocks", image_size=64, width_multiplier=0.25, n_attn_blocks=[1, 1, 1],
+                       base_attn_unit_dims=[16, 16, 16], num_labels=IMAGE_LABELS)),
+        _hf("CvtForImageClassification", "CvtConfig", "img-cls", "convolutional token embedding and projections",
+            embed_dim=[8, 16], num_heads=[1, 2], depth=[1, 2], patch_sizes=[7, 3], patch_stride=[4, 2],
+            patch_padding=[2, 1], mlp_ratio=[2.0, 2.0], attention_drop_rate=[0.0, 0.0], drop_rate=[0.0, 0.0],
+            drop_path_rate=[0.0, 0.0], qkv_bias=[True, True], cls_token=[False, True],
+            qkv_projection_method=["dw_bn", "dw_bn"], kernel_qkv=[3, 3], padding_kv=[1, 1], stride_kv=[2, 2],
+            padding_q=[1, 1], stride_q=[1, 1], num_labels=IMAGE_LABELS),
+        _hf("LevitForImageClassification", "LevitConfig", "img-cls", "attention bias, BatchNorm", image_size=IMAGE,
+            hidden_sizes=[16, 32], num_attention_heads=[2, 2], depths=[2, 2], key_dim=[8, 8], patch_size=16,
+            down_ops=[["Subsample", 8, 2, 4, 2, 2]], num_labels=IMAGE_LABELS),
+        _hf("SwiftFormerForImageClassification", "SwiftFormerConfig", "img-cls", "convolution, then additive attention",
+            image_size=IMAGE, depths=[1, 2], embed_dims=[8, 16], downsamples=[True, True], num_labels=IMAGE_LABELS),
+        _hf("SegformerForImageClassification", "SegformerConfig", "img-cls", "efficient attention, Mix-FFN",
+            num_encoder_blocks=2, depths=[2, 2], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3],
+            strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=IMAGE_LABELS),
+        _hf("PvtV2ForImageClassification", "PvtV2Config", "img-cls", "spatial-reduction attention, conv FFN",
+            image_size=IMAGE, num_encoder_blocks=2, depths=[2, 2], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+            patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+            num_labels=IMAGE_LABELS),
+        _hf("FocalNetForImageClassification", "FocalNetConfig", "img-cls", "focal modulation, layer scale",
+            image_size=IMAGE, patch_size=4, embed_dim=8, hidden_sizes=[8, 16], depths=[2, 2], focal_levels=[2, 2],
+            focal_windows=[3, 3], use_layerscale=True, num_labels=IMAGE_LABELS),
+        _hf("Swinv2ForImageClassification", "Swinv2Config", "img-cls", "windows, continuous position bias MLP",
+            image_size=IMAGE, patch_size=4, embed_dim=8, depths=[2, 2], num_heads=[2, 2], window_size=4,
+            num_labels=IMAGE_LABELS),
+        _hf("Dinov2ForImageClassification", "Dinov2Config", "img-cls", "layer scale", hidden_size=16,
+            num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, image_size=IMAGE, patch_size=8,
+            num_labels=IMAGE_LABELS),
+        _hf("HieraForImageClassification", "HieraConfig", "img-cls", "hierarchical ViT, mask-unit attention",
+            embed_dim=8, image_size=[IMAGE, IMAGE], patch_size=[3, 3], patch_stride=[2, 2], patch_padding=[1, 1],
+            depths=[1, 2], num_heads=[1, 2], query_stride=[2, 2], masked_unit_size=[4, 4],
+            masked_unit_attention=[True, False], num_query_pool=1, num_labels=IMAGE_LABELS),
+    ]
+
+
+def _image(size: int, case: Case) -> Case:
+    """``case`` on size x size images (a model whose last stage would be smaller than its kernels at 32x32)."""
+    case.image = size
+    return case
 
 
 def _post_ln_opt() -> Case:
@@ -350,6 +575,8 @@ def batch(case: Case, gen: torch.Generator):
         return x, torch.randint(0, case.width, (BATCH, SEQ), generator=gen), sequence_cross_entropy
     if case.kind == "seq-cls":
         x = torch.randint(3, VOCAB, (BATCH, SEQ), generator=gen)
+        if case.last_token is not None:  # BART's and T5's classifiers read the hidden state at the end token
+            x[:, -1] = case.last_token
         return x, torch.randint(0, LABELS, (BATCH,), generator=gen), cross_entropy_loss
     if case.kind == "audio-cls":
         x = torch.randn(BATCH, case.mels, case.frames, generator=gen, dtype=torch.float64)
