@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("../shared/data")  # from the repository root, where the command runs
 
 NOTES = "reference_notes.md"  # what the rows say against the papers, read by a person, appended to the page
-# the language-model rows fit the CPU budget (about 40 minutes a row on 2 cores): a 3-point learning-rate grid,
+# the language-model rows fit the CPU budget (about an hour a row on one core, the two rows side by side): a 3-point learning-rate grid,
 # evaluations every 10 steps on 2 batches of 256 validation windows (the final ones on the whole splits)
 SHORT_LM = ["--tune-grid", "lr=x3.16,x10,x31.6", "--eval-every", "10", "--eval-batches", "2",
             "--eval-batch-size", "256"]
@@ -45,11 +45,11 @@ ROWS = {
                    "--task", "mnist-t10k", "--data-dir", str(DATA), "--epochs", "5"],
                   ["--model-option", "channels=64", "--epochs", "20"]),
     "ptb-lstm": ("2-layer LSTM language model (hidden 128) on PTB words (the first 100,000 training tokens, windows "
-                 "of 35; periodic evaluations on 512 validation windows, the final ones on the whole splits), 2 "
-                 "epochs of backprop's time, learning rates tuned on a 3-point grid (x3.16, x10, x31.6 the recipe's)",
+                 "of 35; periodic evaluations on 512 validation windows, the final ones on the whole splits), 1 "
+                 "epoch of backprop's time, learning rates tuned on a 3-point grid (x3.16, x10, x31.6 the recipe's)",
                  ["--model", "rnn_lm", "--cell", "lstm", "--depth", "2", "--hidden", "128", "--task", "ptb-word",
                   "--data-dir", str(DATA / "ptb"), "--task-option", "seq_len=35", "--task-option",
-                  "max_tokens=100000", "--epochs", "2", *SHORT_LM],
+                  "max_tokens=100000", "--epochs", "1", *SHORT_LM],
                  ["--hidden", "512", "--task-option", "max_tokens=1000000", "--epochs", "10", "--eval-every", "100"]),
     "ptb-gpt2": ("transformers' GPT-2 (4 layers, width 128, 4 heads) on PTB words (the first 100,000 training "
                  "tokens, windows of 64, batch 32 for every engine; periodic evaluations on 512 validation windows, "
