@@ -139,7 +139,8 @@ def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, ca
     comparison runs backprop and the trainers that need only its weight layers (the FA family, on the layer
     path), with its summary and figure, and a named trainer that needs a structure is refused in one line."""
     logdir = tmp_path / "runs"
-    assert compare_main(["--model", f"{user_file}:Net", "--steps", "5", "--seeds", "0", "--logdir", str(logdir),
+    assert compare_main(["--model", f"{user_file}:Net", "--steps", "5", "--seeds", "0", "--timing-rounds", "5",
+                         "--logdir", str(logdir),
                          "--progress", "false"]) == 0
     experiment = logdir / "compare-Net-digits"
     family = ["backprop", "brsf", "dfa", "fa", "fgrad", "fgrad_act", "frsf", "mezo", "usf"]

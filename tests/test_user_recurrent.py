@@ -181,7 +181,8 @@ def test_the_command_line_wraps_a_users_recurrent_model_for_dsf(tmp_path, capsys
             "--steps", "2", "--progress", "false", "--experiment", "e"]
     assert train_main(["--model", f"{path}:LM", "--trainer", "dsf", *task, "--logdir", str(tmp_path / "a")]) == 0
     assert json.loads((tmp_path / "a" / "e" / "dsf" / "seed0" / "result.json").read_text())["steps"] == 2
-    assert compare_main(["--model", f"{path}:LM", *task, "--seeds", "0", "--logdir", str(tmp_path / "b")]) == 0
+    assert compare_main(["--model", f"{path}:LM", *task, "--seeds", "0", "--timing-rounds", "5",
+                         "--logdir", str(tmp_path / "b")]) == 0  # 5 timing rounds: which trainers run is asked here
     runs = sorted(p.name for p in (tmp_path / "b" / "e").iterdir() if p.is_dir())
     assert {"backprop", "dsf", "ftbptt", "highway"} <= set(runs)
     capsys.readouterr()
