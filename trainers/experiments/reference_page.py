@@ -133,13 +133,13 @@ def results_page(out: Path, rows: list[str], definitions: dict, figures: Path | 
     done = [json.loads((out / row / "reference.json").read_text()) for row in rows
             if (out / row / "reference.json").exists()]
     if done:
-        threads = {json.loads((out / d["row"] / "comparison.json").read_text())["timing"]["threads"]["count"]
-                   for d in done}
+        threads = [json.loads((out / d["row"] / "comparison.json").read_text())["timing"]["threads"]["count"]
+                   for d in done]  # each row's own: rows run side by side get a core each
         parts.append(f"\nThe {len(done)} row{'s' if len(done) > 1 else ''} run so far took "
                      f"{sum(d['seconds'] for d in done) / 60:.0f} minutes of wall time on "
-                     f"{' or '.join(map(str, sorted(threads)))} thread(s), about "
-                     f"{sum(d['seconds'] for d in done) * max(threads) / 3600:.1f} CPU-hours; on a GPU: "
-                     f"`.venv/bin/python scripts/benchmarks/reference.py run --device cuda --size gpu`.\n")
+                     f"{' or '.join(map(str, sorted(set(threads))))} thread(s), about "
+                     f"{sum(d['seconds'] * n for d, n in zip(done, threads, strict=True)) / 3600:.1f} CPU-hours; "
+                     f"on a GPU: `.venv/bin/python scripts/benchmarks/reference.py run --device cuda --size gpu`.\n")
     for row in rows:
         what, *_ = definitions[row]
         folder = out / row
