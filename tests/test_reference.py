@@ -167,3 +167,33 @@ def test_no_reference_row_runs_a_placeholder_setting():
                 assert key in tuned or not any(p in source for p in placeholders), (row, trainer, key, source)
     fgrad = recipe_for("fgrad", "rnn_lm").sources()
     assert any(p in fgrad["lr"] for p in placeholders) and not any(p in fgrad["optimizer"] for p in placeholders)
+
+
+def test_an_engine_refusing_on_its_first_step_is_left_out_with_its_reason(reference, tmp_path, monkeypatch):
+    """An engine that accepts the model's structure but refuses on its first step (forward-mode AD through a fused
+    LSTM kernel, for fgrad) stopped the whole row; now it is left out before the row runs, with its one line, and
+    the others are compared."""
+    import gradengines
+    from gradengines.models.errors import ModelConfigError
+    from gradengines.trainers.engines.backprop import Backprop
+
+    class Refuser(Backprop):
+        name = "refuser"
+
+        def compute_grads(self, model, inputs, targets, loss_fn):
+            raise ModelConfigError("trainer 'refuser' needs an operation this model does not have")
+
+    gradengines.register_engine(Refuser)
+    monkeypatch.setattr("gradengines.trainers.cli.args.trainers_for",
+                        lambda model, task: (["backprop", "refuser", "fa"], {"dsf": "trainer 'dsf' needs more"}))
+    what, flags, gpu = reference.ROWS["tiny"]
+    monkeypatch.setitem(reference.ROWS, "tiny", (what, flags[:flags.index("--trainers")], gpu))
+    out = tmp_path / "runs"
+    assert reference.main(["run", "--out", str(out)]) == 0
+    info = json.loads((out / "tiny" / "reference.json").read_text())
+    assert info["command"].endswith("--trainers backprop,fa")
+    assert info["refused"]["refuser"] == "trainer 'refuser' needs an operation this model does not have"
+    rows = table(out, reference)
+    assert "| refuser | — | refuses the model: trainer 'refuser' needs an operation this model does not have |" \
+        in "\n".join(rows)
+    assert sorted(p.name for p in (out / "tiny").iterdir() if (p / "seed0").is_dir()) == ["backprop", "fa"]

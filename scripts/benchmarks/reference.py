@@ -73,14 +73,29 @@ def row_command(row: str, out: Path, device: str, size: str) -> list[str]:
     return [*flags, "--logdir", str(out), "--experiment", row, "--resume", "auto"]
 
 
-def refusals(argv: list[str]) -> dict[str, str]:
-    """The engines that refuse the row's model, each with its one-line reason (as compare.py leaves them out)."""
+def refusals(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The engines the row's model takes, and those that refuse it, each with its one-line reason: by its
+    structure (as compare.py leaves them out) or on one training step of its first batch (an engine that
+    accepts the structure but not an operation of its forward: forward-mode AD through a fused LSTM kernel)."""
     from gradengines.trainers.cli.args import build_from_args, trainers_for
     from gradengines.trainers.cli.compare import compare_parser
+    from gradengines.trainers.core.errors import USER_ERRORS
+    from gradengines.trainers.run.trainer import Trainer
 
     args = compare_parser(argv).parse_args(argv)
     probe = build_from_args(args, "backprop", 0)
-    return trainers_for(probe.model, probe.task)[1]
+    found, refused = trainers_for(probe.model, probe.task)
+    taken = []
+    for name in found:
+        setup = build_from_args(args, name, 0)
+        trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, progress=False)
+        try:
+            trainer.train_step(*trainer._batch(0))
+        except USER_ERRORS as err:
+            refused[name] = str(err)
+            continue
+        taken.append(name)
+    return taken, refused
 
 
 def run(rows: list[str], out: Path, device: str, size: str, dry_run: bool) -> int:
@@ -93,7 +108,9 @@ def run(rows: list[str], out: Path, device: str, size: str, dry_run: bool) -> in
         if dry_run:
             continue
         started = time.time()
-        refused = refusals(argv)
+        taken, refused = refusals(argv)
+        if "--trainers" not in argv:  # those refused on their first step left out, as the others refused
+            argv = [*argv, "--trainers", ",".join(taken)]
         code = compare_main(argv)
         if code != 0:
             print(f"reference: row {row} stopped with exit status {code}; rerun to continue", file=sys.stderr)
