@@ -88,8 +88,8 @@ def refusals(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     taken = []
     for name in found:
         setup = build_from_args(args, name, 0)
-        trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, progress=False)
-        try:
+        try:  # the Trainer runs the engine's first-batch check, then one step
+            trainer = Trainer(setup.model, setup.engine, setup.task, config=setup.config, progress=False)
             trainer.train_step(*trainer._batch(0))
         except USER_ERRORS as err:
             refused[name] = str(err)
