@@ -24,7 +24,7 @@ protocols by having the named attributes. Engines check them with
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -122,7 +122,8 @@ class RecurrentModel(Protocol):
     recurrent_layers: Sequence[nn.Module]  # RecurrentLayer modules, bottom to top
 
 
-_CARRY = weakref.WeakKeyDictionary()  # layers whose own forward was seen to carry their parameters' gradient
+# the layers whose own forward was seen to carry their parameters' gradient
+_CARRY: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
 def _checked(index: int, layer: nn.Module, forward: Callable) -> Callable:
@@ -134,7 +135,7 @@ def _checked(index: int, layer: nn.Module, forward: Callable) -> Callable:
     def run(x, h0=None):
         trained = [name for name, p in layer.named_parameters() if p.requires_grad]
         if trained and torch.is_grad_enabled() and layer not in _CARRY:
-            states = layer.forward_sequence(x[:1, :2], None if h0 is None else h0[:1])
+            states = cast(RecurrentLayer, layer).forward_sequence(x[:1, :2], None if h0 is None else h0[:1])
             if not states.requires_grad:
                 names = ", ".join(f"recurrent_layers.{index}.{n}" for n in trained[:3])
                 raise ModelConfigError(
