@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from pathlib import Path
 
 from gradengines.trainers.experiments.plots import pyplot, seed_curve, trainer_styles
@@ -109,7 +110,7 @@ def row_figure(folder: Path, path: Path, title: str) -> Path | None:
     ax.set_ylabel(f"validation {metric}")
     if metric == "perplexity":
         ax.set_yscale("log")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)  # a row's description runs long: wrapped, not widened
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
