@@ -133,8 +133,9 @@ def _checked(index: int, layer: nn.Module, forward: Callable) -> Callable:
     them zero: a layer whose states carry no gradient is refused in one line naming its parameters (checked on
     the first two steps of one sequence, once per layer)."""
     def run(x, h0=None):
-        trained = [name for name, p in layer.named_parameters() if p.requires_grad]
-        if trained and torch.is_grad_enabled() and layer not in _CARRY:
+        checked = layer in _CARRY or not torch.is_grad_enabled()  # every step after the first: nothing read
+        trained = [] if checked else [name for name, p in layer.named_parameters() if p.requires_grad]
+        if trained:
             states = cast(RecurrentLayer, layer).forward_sequence(x[:1, :2], None if h0 is None else h0[:1])
             if not states.requires_grad:
                 names = ", ".join(f"recurrent_layers.{index}.{n}" for n in trained[:3])
