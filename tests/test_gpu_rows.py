@@ -1,4 +1,4 @@
-"""scripts/benchmarks/gpu_rows.sh, the GPU rows of BENCHMARKS.md in one run, works before a GPU is lent: its dry run
+"""scripts/benchmarks/gpu_rows.py, the GPU rows of BENCHMARKS.md in one run, works before a GPU is lent: its dry run
 (the same bench commands at tiny sizes on the CPU) writes every table it promises."""
 
 import json
@@ -22,9 +22,9 @@ TABLES = {  # in the order the script runs them (on a GPU each highway table als
 }
 
 def test_dry_run_writes_every_table(tmp_path):
-    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "benchmarks" / "gpu_rows.sh"), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmarks" / "gpu_rows.py"), str(tmp_path),
+                           "--dry-run"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for table, trainers in TABLES.items():
         record = json.loads((tmp_path / table / "bench.json").read_text())
