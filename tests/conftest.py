@@ -27,6 +27,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # the suite's tensors are small, so one thread is as fast as two idle, and beside another busy process
 # it does not spin waiting for a core (BENCHMARKS.md, "Threads on a busy machine"). Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set (it is on this project's VMs): the suite
+# starts about a hundred processes that import the same project modules, and each would compile them again
+# (BENCHMARKS.md, "The test suite's time"). The caches land in the checkout's __pycache__ folders (git ignores them).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 #: The suite's slowest tests (``pytest --durations=30``: the ones that start processes, install the package or run
