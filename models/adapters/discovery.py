@@ -53,8 +53,12 @@ projection shortcut) is a **boundary**: Highway-BP runs within the segments betw
 boundaries, and each boundary is backpropagated exactly (the engine's ``_segments``).
 Every split is exact for k >= L: any split is, the whole-block fallback included. Where the structure
 found fails the engine's first-batch self-check all the same, the others the model offers are tried
-(``ResidualFound.others``: the blocks taken whole, then chains of the modules enclosing them), the first
-that passes kept and named in ``found``.
+(``ResidualFound.others``: the blocks taken whole, then chains of the modules enclosing them, then chains across
+stages), the first that passes kept and named in ``found``. A chain **across stages** (where no other structure
+runs, or as the last one tried): hierarchical models (FocalNet, Swin, CvT, SwiftFormer) keep their layers in one
+list per stage, the stages items of one list, with a downsampling, reshapes and a stage's own parameters between
+the last layer of a stage and the first of the next; the layers of every stage are one chain, and what the model
+computes in between is an exact boundary (``_Between``), run as the model runs it.
 """
 
 import contextlib
@@ -172,8 +176,27 @@ def _trace(model: nn.Module, inputs, targets) -> list[_Call]:
     return [c for c in calls if c.end >= 0]
 
 
-def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None,
-            every: bool = False) -> list[tuple[list[_Call], dict]]:
+@dataclasses.dataclass
+class _Gap:
+    """A link of a chain across stages: the next block's input is computed from ``after``'s output by whatever the
+    model does between them (an exact boundary, ``_Between``)."""
+
+    after: _Call
+
+
+def _across_stages(prev: _Call, call: _Call, lists: dict[int, nn.Module], parents: dict[int, nn.Module]) -> bool:
+    """``call`` opens the stage after ``prev``'s: each an item of a list held by its own stage, the two stages items
+    of one list (FocalNet's, Swin's, CvT's, SwiftFormer's stages of layers, a downsampling between them)."""
+    mine, theirs = lists.get(id(prev.module)), lists.get(id(call.module))
+    if mine is None or theirs is None or mine is theirs:
+        return False
+    stage, next_stage = parents.get(id(mine)), parents.get(id(theirs))
+    return (stage is not None and next_stage is not None and stage is not next_stage
+            and lists.get(id(stage)) is not None and lists.get(id(stage)) is lists.get(id(next_stage)))
+
+
+def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None, every: bool = False,
+            parents: dict[int, nn.Module] | None = None) -> list[tuple[list[_Call], dict]]:
     """The candidate chains of blocks with their joins, best first: stages of different blocks stitched across
     their seams (``_stitched``) where that is longer, then the longest chain of like calls, each fed the previous
     one's output or the output of one **join** fed the previous one's (a module called on the state alone between
@@ -182,7 +205,9 @@ def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None,
     modules that keep the state's shape, items of one ``nn.ModuleList`` or ``nn.Sequential`` (``lists``: module
     id -> the list holding it) in which some class comes again (items all of different classes are the parts of
     one block: T5's attention and feed-forward). ``every``: then every other repeated chain, longest first (the
-    structures ``discover`` falls back on: an enclosing block class, the blocks of one stage)."""
+    structures ``discover`` falls back on: an enclosing block class, the blocks of one stage). ``parents`` (module id
+    -> its parent): chains also cross stages, the last block of a stage linked to the first of the next by a
+    ``_Gap`` (``_across_stages``), where the next's input is not the last's output (the fallback of ``discover``)."""
     best: list[_Call] = []
     best_joins: dict[int, _Call] = {}
     by_class: dict[Any, list[_Call]] = {}
@@ -231,9 +256,11 @@ def _chains(calls: list[_Call], lists: dict[int, nn.Module] | None = None,
                     longest[i], joins[i] = longest[j] + [call], joins[j]
                 elif (joined := join(prev, call)) is not None:
                     longest[i], joins[i] = longest[j] + [call], {**joins[j], id(call): joined}
+                elif parents is not None and j == i - 1 and _across_stages(prev, call, lists or {}, parents):
+                    longest[i], joins[i] = longest[j] + [call], {**joins[j], id(call): _Gap(prev)}
         for i, chain in longest.items():
-            if len(chain) > 1 and len(joins[i]) == len(chain) - 1:  # no two blocks fed one by the other: not
-                continue  # repeated residual blocks (DenseNet's norms, joined by its convolutions)
+            if len(chain) > 1 and sum(isinstance(v, _Call) for v in joins[i].values()) == len(chain) - 1:
+                continue  # no two blocks fed one by the other: DenseNet's norms joined by its convolutions, not blocks
             kinds = [type(c.module) for c in chain]
             if isinstance(key, tuple) and len(set(kinds)) == len(kinds):  # a list's items, no class repeated: the
                 continue  # parts of one block (T5's self-attention, cross-attention, feed-forward), not a hybrid
@@ -425,6 +452,56 @@ class FoundBlock(nn.Module):
         return f"{1 - self.gamma:g} h + z" if self.gamma else "h + z"
 
 
+class _Between(nn.Module):
+    """An exact boundary where a chain crosses stages (``_Gap``): what the model computes between block ``index - 1``
+    and block ``index`` (a downsampling, reshapes, a stage's class token), run as the model runs it, as the head is:
+    the forward again, the blocks before passing their input through, block ``index - 1`` returning h, stopped at
+    block ``index``'s input. Only ``region`` (the modules called in between) runs in training mode: the stem and the
+    other stages' in-betweens run in eval mode (their outputs are not read: no second BatchNorm update, no dropout
+    draw). Its gradients: every trainable parameter it reads (``reads``), a stage's own parameters included."""
+
+    boundary = True
+
+    def __init__(self, index: int, region: list[nn.Module]):
+        super().__init__()
+        self.index = index
+        self.__dict__["region"], self.__dict__["stack"] = region, None  # the stack: set once built (_build)
+
+    def describe(self) -> str:
+        return "boundary"
+
+    def reads(self) -> list[torch.Tensor]:
+        return [p for p in self.stack.model.parameters() if p.requires_grad]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        stack, i = self.stack, self.index
+        seen: dict = {}
+
+        def stop(*args, **kwargs):
+            seen["x"] = _state(args, kwargs)
+            raise _Stop
+
+        replace = {m: _passing(out) for m, out in zip(stack.chain[:i - 1], stack.outputs[:i - 1], strict=True)}
+        replace[stack.chain[i - 1]] = lambda *args, **kwargs: _like(stack.outputs[i - 1], h)
+        replace[stack.chain[i]] = stop
+        region = {id(m) for m in self.region}
+        modes = {m: m.training for m in stack.model.modules() if id(m) not in region}
+        for module in modes:
+            module.training = False
+        try:
+            with replaced_forwards(replace):
+                call_model(stack.model, stack.context.inputs, stack.context.targets)
+        except _Stop:
+            pass
+        finally:
+            for module, mode in modes.items():
+                module.training = mode
+        if "x" not in seen:
+            raise ModelConfigError(f"residual_stack: {type(stack.chain[i]).__name__}, a block found, was not called "
+                                   f"after the one before it on this batch")
+        return seen["x"]
+
+
 class ResidualFound(nn.Module):
     """The residual-stack view of a model whose structure was found (module docstring); its forward is the
     model's own."""
@@ -505,9 +582,17 @@ class ResidualFound(nn.Module):
                 return _like(self.outputs[i], _state(args, kwargs))
             return keep
 
-        with replaced_forwards({**{m: record(i) for i, m in enumerate(self.chain)}, **self._fed(feeder_top)}), \
-                self._feeder_stem_quiet():
-            call_model(self.model, x, targets)
+        betweens = {m: m.training for b in self.blocks if isinstance(b, _Between) for top in b.region
+                    for m in top.modules()}
+        for module in betweens:  # given what the blocks passed through: their outputs are not read here
+            module.training = False
+        try:
+            with replaced_forwards({**{m: record(i) for i, m in enumerate(self.chain)}, **self._fed(feeder_top)}), \
+                    self._feeder_stem_quiet():
+                call_model(self.model, x, targets)
+        finally:
+            for module, mode in betweens.items():
+                module.training = mode
         if len(seen) < len(self.chain):
             raise ModelConfigError(f"residual_stack: {len(self.chain) - len(seen)} of the {len(self.chain)} blocks "
                                    f"found were not called on this batch")
@@ -743,16 +828,22 @@ def _build(model: nn.Module, calls: list[_Call], chain: list[_Call], joins: dict
     contexts = [_Context(where, arg_names) for _ in (chain if per_block else chain[:1])]
     for context, call in zip(contexts, chain, strict=False):
         context.keep(call.args, call.kwargs)
-    sublayers = []
+    sublayers: list[nn.Module] = []
+    betweens: list[_Between] = []
     for i, call in enumerate(chain):
-        if id(call) in joins:  # called on the state alone, an exact boundary
+        link = joins.get(id(call))
+        if isinstance(link, _Gap):  # across stages: what the model computes in between, an exact boundary
+            betweens.append(_Between(i, [c.module for c in calls if chain[i - 1].end < c.start and c.end < call.start]))
+            sublayers.append(betweens[-1])
+        elif link is not None:  # called on the state alone, an exact boundary
             alone = _Context(0)
             alone.keep((None,), {})
-            sublayers.append(FoundBlock(joins[id(call)].module, alone, boundary=True))
+            sublayers.append(FoundBlock(link.module, alone, boundary=True))
         sublayers += _sublayers(call, calls, contexts[i if per_block else 0], gamma, split)
     ancestors = {id(m) for m in model.modules() if any(x is modules[0] for x in m.modules())}
     before = [c.module for c in calls if c.end < first.start and id(c.module) not in ancestors]
-    before += [j.module for j in joins.values()]  # the head runs them again: in eval mode, as the stem
+    before += [j.module for j in joins.values() if isinstance(j, _Call)]  # the head runs them again: in eval
+    before += [m for between in betweens for m in between.region]  # mode, as the stem
     counts: dict[str, int] = {}
     for sub in sublayers:
         counts[sub.describe()] = counts.get(sub.describe(), 0) + 1
@@ -763,15 +854,21 @@ def _build(model: nn.Module, calls: list[_Call], chain: list[_Call], joins: dict
              + ", ".join(f"{n} {'exact boundaries (a shape change)' if k == 'boundary' else k}"
                          for k, n in counts.items()))
     stack = ResidualFound(model, modules, sublayers, contexts, [c.output for c in chain], before, found)
+    for between in betweens:
+        between.__dict__["stack"] = stack
     return stack, {"joins": joins, "per_block": per_block, "opener": opener, "start": first.start}
 
 
 def _described(stack: ResidualFound, said: dict, sides: list[str], names: dict[int, str]) -> str:
     """The description's additions (joins, per-block arguments, the opener, side inputs, all boundaries)."""
     text = ""
-    if said["joins"]:
-        kinds = sorted({type(j.module).__name__ for j in said["joins"].values()})
-        text += f"; {len(said['joins'])} of the boundaries joins between the blocks ({', '.join(kinds)})"
+    joins = [j for j in said["joins"].values() if isinstance(j, _Call)]
+    if joins:
+        kinds = sorted({type(j.module).__name__ for j in joins})
+        text += f"; {len(joins)} of the boundaries joins between the blocks ({', '.join(kinds)})"
+    if gaps := len(said["joins"]) - len(joins):
+        text += (f"; {gaps} of the boundaries what the model computes between {gaps + 1} stages of blocks (run as "
+                 f"it runs it)")
     if said["per_block"]:
         text += "; each block given its own arguments (masks)"
     if said["opener"]:
@@ -851,22 +948,28 @@ def discover(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | Non
         calls = _trace(model, inputs, targets)
         lists = _lists(model)
         candidates = _chains(calls, lists)
-        if len(candidates[0][0]) < 2:
-            raise ModelConfigError(
-                f"residual_stack: found no repeated blocks in {type(model).__name__} (two or more calls of one "
-                f"module class with parameters, or of items of one ModuleList that keep the state's shape, each "
-                f"given the previous one's output); declare them: "
-                f"models.residual_stack(model, stem=..., blocks=[...], head=..., example=...)")
         names = _names(model)
-        for n, (chain, joins) in enumerate(candidates, start=1):
-            try:  # stitched stages that are not one stack (arguments per block the forward cannot give, a stem's
-                stack, said = _build(model, calls, chain, joins, gamma, names)  # layers taken for a stage): the
-                sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})  # longest single
-                if n == len(candidates) or _reproduces(stack, inputs, targets):  # chain, as before
-                    break
-            except ModelConfigError:
-                if n == len(candidates):
-                    raise
+        try:
+            if len(candidates[0][0]) < 2:
+                raise ModelConfigError(
+                    f"residual_stack: found no repeated blocks in {type(model).__name__} (two or more calls of one "
+                    f"module class with parameters, or of items of one ModuleList that keep the state's shape, each "
+                    f"given the previous one's output); declare them: "
+                    f"models.residual_stack(model, stem=..., blocks=[...], head=..., example=...)")
+            for n, (chain, joins) in enumerate(candidates, start=1):
+                try:  # stitched stages that are not one stack (arguments per block the forward cannot give, a
+                    stack, said = _build(model, calls, chain, joins, gamma, names)  # stem's layers taken for a
+                    sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})  # stage): the
+                    if n == len(candidates) or _reproduces(stack, inputs, targets):  # longest single chain, as
+                        break  # before
+                except ModelConfigError:
+                    if n == len(candidates):
+                        raise
+        except ModelConfigError:  # the layers of the stages, what the model computes between stages a boundary
+            crossing = next(_across(model, calls, lists, gamma, names, inputs, targets), None)
+            if crossing is None:
+                raise
+            stack, said, sides = crossing
         _finish(model, calls, stack, said, sides, gamma, names, inputs, targets)
     finally:
         model.train(was_training)
@@ -885,6 +988,24 @@ def _finish(model: nn.Module, calls: list[_Call], stack: ResidualFound, said: di
         stack.found = (f"{feeder.found}{_described(feeder, feeder_said, feeder_sides, names)}, whose output "
                        f"feeds {stack.found}")
     stack.found += _described(stack, said, sides, names)
+
+
+def _across(model: nn.Module, calls: list[_Call], lists: dict[int, nn.Module], gamma: float, names: dict[int, str],
+            inputs, targets) -> Iterator[tuple[ResidualFound, dict, list[str]]]:
+    """The chains that cross stages (``_Gap``: FocalNet's, Swin's, CvT's layers, a downsampling between their
+    stages), longest first, each with what its description adds and its side inputs, where it builds and
+    reproduces the model's outputs on the example."""
+    parents = {id(child): module for module in model.modules() for child in module.children()}
+    for chain, joins in _chains(calls, lists, every=True, parents=parents):
+        if not any(isinstance(link, _Gap) for link in joins.values()):
+            continue
+        try:
+            stack, said = _build(model, calls, chain, joins, gamma, names)
+            sides = sorted({name for name, _, _ in _sides_found(stack, inputs, targets)})
+        except ModelConfigError:
+            continue
+        if _reproduces(stack, inputs, targets):
+            yield stack, said, sides
 
 
 def _others(model: nn.Module, inputs, targets, gamma: float, chosen: list[nn.Module]) -> Iterator[ResidualFound]:
@@ -919,3 +1040,11 @@ def _others(model: nn.Module, inputs, targets, gamma: float, chosen: list[nn.Mod
         if not split:
             stack.found = stack.found.replace(" as ", " taken whole as ", 1)
         yield stack
+    model.eval()
+    try:
+        crossing = list(_across(model, calls, lists, gamma, names, inputs, targets))
+        for stack, said, sides in crossing:
+            _finish(model, calls, stack, said, sides, gamma, names, inputs, targets)
+    finally:
+        model.train(was_training)
+    yield from (stack for stack, _, _ in crossing)

@@ -54,15 +54,17 @@ class ResidualStack(Protocol):
 
 def is_residual_stack(model) -> bool:
     """Whether ``model`` is a residual stack as documented, not only by its attributes' names: callable ``stem`` and
-    ``head``, and ``blocks`` a non-empty sequence of modules each with callable ``branch`` and ``combine`` (a
-    model that merely names its attributes ``stem``, ``blocks``, ``head`` is found and self-checked instead)."""
+    ``head``, and ``blocks`` a non-empty sequence of modules each with callable ``branch`` and ``combine``, or an
+    exact boundary (``boundary`` true: only called) (a model that merely names its attributes ``stem``, ``blocks``,
+    ``head`` is found and self-checked instead)."""
     if not isinstance(model, ResidualStack) or not (callable(model.stem) and callable(model.head)):
         return False
     try:
         blocks = list(model.blocks)
     except TypeError:
         return False
-    return bool(blocks) and all(callable(getattr(b, "branch", None)) and callable(getattr(b, "combine", None))
+    return bool(blocks) and all(callable(b) and getattr(b, "boundary", False) is True
+                                or callable(getattr(b, "branch", None)) and callable(getattr(b, "combine", None))
                                 for b in blocks)
 
 

@@ -488,7 +488,8 @@ class Highway(GradientEngine):
         for segment in reversed(segments):
             if isinstance(segment, tuple):  # a boundary block (a shape change): exact backprop through it
                 block, x, y = segment
-                own = [p for p in block.parameters() if p.requires_grad] + leaves
+                reads = getattr(block, "reads", block.parameters)  # a found stack's in-between: all it reads
+                own = [p for p in reads() if p.requires_grad] + leaves
                 e, *own_grads = torch.autograd.grad(y, [x, *own], e, allow_unused=True)
                 _accumulate(grads, zip(map(id, own), own_grads, strict=True))
             else:
