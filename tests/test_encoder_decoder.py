@@ -40,12 +40,10 @@ BUILD = {"t5": t5, "bart": bart, "marian": marian}
 
 @pytest.fixture
 def fresh_notes():
-    """What a structure's note says is said once per process: forget what other tests' runs said."""
-    from gradengines.trainers.cli import args
-    from gradengines.trainers.run import trainer
+    """What a structure's note says is said once per command: forget what other tests' runs said."""
+    from gradengines.trainers.run.records import forget_notes
 
-    args._SAID.clear()
-    trainer._SAID.clear()
+    forget_notes()
 
 
 def found(model):

@@ -34,7 +34,7 @@ from gradengines.trainers.experiments.recipes import check_recipe, recipe_for
 from gradengines.trainers.run.config import TrainConfig
 from gradengines.trainers.run.memory import check_fits, check_fits_scaled
 from gradengines.trainers.run.notes import note_once
-from gradengines.trainers.run.rundir import check_folder_name, note
+from gradengines.trainers.run.rundir import check_folder_name
 
 __all__ = ["OneLineParser", "Setup", "base_parser", "with_engine_names", "build_from_args", "add_threads_flag",
            "add_settings_flag", "check_run_flags", "check_seed", "int_list", "trainer_specs", "trainer_runs",
@@ -385,13 +385,9 @@ def residual_structure(model, task):
                               f"({recurrent}), and no residual stack was found in it") from None
         raise ConfigError(f"trainer 'highway' needs a residual stack or recurrent layers, and none was found in "
                           f"{type(model).__name__}: {err}") from None
-    if DataParallel().is_main and stack.found not in _SAID:  # once per process (compare builds every seed)
-        _SAID.add(stack.found)
-        note(f"highway: found {stack.found}")
+    if DataParallel().is_main:  # once per command (compare builds every seed)
+        note_once(f"highway: found {stack.found}")
     return stack
-
-
-_SAID: set[str] = set()
 
 
 def _example(task) -> tuple:

@@ -55,15 +55,13 @@ from gradengines.trainers.core.threads import threads_for_api
 from gradengines.trainers.run import lifecycle
 from gradengines.trainers.run.config import SHARED_SETTINGS, TrainConfig
 from gradengines.trainers.run.model_check import check_task_model, to_device
-from gradengines.trainers.run.notes import note
+from gradengines.trainers.run.notes import note, note_once
 from gradengines.trainers.run.optim import build_optimizer, build_scheduler
 from gradengines.trainers.run.progress import Progress
 from gradengines.trainers.run.rundir import RunDirectory, run_path
 from gradengines.trainers.run.step import StepResult, TrainStep, agreement_scalars
 
 __all__ = ["Trainer", "check_task_model", "eval_subset", "steps_per_epoch"]
-
-_SAID: set[str] = set()  # what engines said of a model's structure, once per process
 
 EVAL_SUBSET_SEED = 0  # the bounded evaluations' rows, the same for every trainer and training seed
 
@@ -145,9 +143,8 @@ class Trainer:
             engine.prepare(self.model, to_device(first_x, self.device, self.dtype), first_y.to(self.device),
                            task.loss_fn)
         said = engine.structure(self.model)
-        if said is not None and said not in _SAID and self.parallel.is_main:  # once per process (compare's seeds)
-            _SAID.add(said)
-            note(said)
+        if said is not None and self.parallel.is_main:  # once per command (compare's seeds)
+            note_once(said)
         self.engine, self.task, self.clock = engine, task, clock
         self.evaluate_test = evaluate_test
         self.timing = timing
