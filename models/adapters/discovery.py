@@ -115,6 +115,28 @@ def _like(template: Any, tensor: torch.Tensor) -> Any:
     return tensor
 
 
+def _returning(chain: list[nn.Module], outputs: list, last: int, h: torch.Tensor) -> dict:
+    """Forwards for ``replaced_forwards``: the blocks before ``chain[last]`` passing their input through, and
+    ``chain[last]`` returning ``h``, each in the structure its output had."""
+    replace = {m: _passing(out) for m, out in zip(chain[:last], outputs[:last], strict=True)}
+    replace[chain[last]] = lambda *args, **kwargs: _like(outputs[last], h)
+    return replace
+
+
+@contextlib.contextmanager
+def _in_eval(modules) -> Iterator[None]:
+    """Each of ``modules`` (their children only where listed) in eval mode for the duration: a forward whose output
+    is not read (no second dropout draw, no second update of BatchNorm statistics)."""
+    modes = {m: m.training for m in modules}
+    for module in modes:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
 def _is_norm(module: nn.Module) -> bool:
     return isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in type(module).__name__
 
@@ -481,21 +503,13 @@ class _Between(nn.Module):
             seen["x"] = _state(args, kwargs)
             raise _Stop
 
-        replace = {m: _passing(out) for m, out in zip(stack.chain[:i - 1], stack.outputs[:i - 1], strict=True)}
-        replace[stack.chain[i - 1]] = lambda *args, **kwargs: _like(stack.outputs[i - 1], h)
-        replace[stack.chain[i]] = stop
+        replace = {**_returning(stack.chain, stack.outputs, i - 1, h), stack.chain[i]: stop}
         region = {id(m) for m in self.region}
-        modes = {m: m.training for m in stack.model.modules() if id(m) not in region}
-        for module in modes:
-            module.training = False
         try:
-            with replaced_forwards(replace):
+            with _in_eval(m for m in stack.model.modules() if id(m) not in region), replaced_forwards(replace):
                 call_model(stack.model, stack.context.inputs, stack.context.targets)
         except _Stop:
             pass
-        finally:
-            for module, mode in modes.items():
-                module.training = mode
         if "x" not in seen:
             raise ModelConfigError(f"residual_stack: {type(stack.chain[i]).__name__}, a block found, was not called "
                                    f"after the one before it on this batch")
@@ -554,23 +568,11 @@ class ResidualFound(nn.Module):
         feeder = self.feeder
         if feeder is None or feeder_top is None:
             return {}
-        replace = {m: _passing(out) for m, out in zip(feeder.chain[:-1], feeder.outputs[:-1], strict=True)}
-        replace[feeder.chain[-1]] = lambda *args, **kwargs: _like(feeder.outputs[-1], feeder_top)
-        return replace
+        return _returning(feeder.chain, feeder.outputs, len(feeder.chain) - 1, feeder_top)
 
-    @contextlib.contextmanager
-    def _feeder_stem_quiet(self) -> Iterator[None]:
-        """The feeder's stem, run again before its replaced blocks, in eval mode (its output is not read: no
-        second dropout draw, no second update of BatchNorm statistics)."""
-        modules = {m: m.training for top in (self.feeder.before if self.feeder is not None else [])
-                   for m in top.modules()}
-        for module in modules:
-            module.training = False
-        try:
-            yield
-        finally:
-            for module, mode in modules.items():
-                module.training = mode
+    def _feeder_stem_quiet(self) -> contextlib.AbstractContextManager:
+        """The feeder's stem, run again before its replaced blocks, in eval mode (its output is not read)."""
+        return _in_eval(m for top in (self.feeder.before if self.feeder is not None else []) for m in top.modules())
 
     def _stem_per_block(self, x: torch.Tensor, targets: torch.Tensor | None,
                         feeder_top: torch.Tensor | None = None) -> torch.Tensor:
@@ -582,17 +584,10 @@ class ResidualFound(nn.Module):
                 return _like(self.outputs[i], _state(args, kwargs))
             return keep
 
-        betweens = {m: m.training for b in self.blocks if isinstance(b, _Between) for top in b.region
-                    for m in top.modules()}
-        for module in betweens:  # given what the blocks passed through: their outputs are not read here
-            module.training = False
-        try:
-            with replaced_forwards({**{m: record(i) for i, m in enumerate(self.chain)}, **self._fed(feeder_top)}), \
-                    self._feeder_stem_quiet():
-                call_model(self.model, x, targets)
-        finally:
-            for module, mode in betweens.items():
-                module.training = mode
+        betweens = (m for b in self.blocks if isinstance(b, _Between) for top in b.region for m in top.modules())
+        with replaced_forwards({**{m: record(i) for i, m in enumerate(self.chain)}, **self._fed(feeder_top)}), \
+                self._feeder_stem_quiet(), _in_eval(betweens):  # given what the blocks passed through: not read
+            call_model(self.model, x, targets)
         if len(seen) < len(self.chain):
             raise ModelConfigError(f"residual_stack: {len(self.chain) - len(seen)} of the {len(self.chain)} blocks "
                                    f"found were not called on this batch")
@@ -606,20 +601,12 @@ class ResidualFound(nn.Module):
         last one returning ``h`` (the stem in eval mode: its output is not read)."""
         ctx = self.context
 
-        replace = {m: _passing(out) for m, out in zip(self.chain[:-1], self.outputs[:-1], strict=True)}
-        replace[self.chain[-1]] = lambda *args, **kwargs: _like(self.outputs[-1], h)
+        replace = _returning(self.chain, self.outputs, len(self.chain) - 1, h)
         top = self.__dict__.get("feeder_top")
         if top is not None:  # the feeder's blocks are not run again: its output is not read here either
             replace.update(self._fed(top.detach()))
-        stem = {m: m.training for top in self.before for m in top.modules()}
-        for module in stem:  # its output is not read: no second update of BatchNorm statistics, no dropout draw
-            module.training = False
-        try:
-            with replaced_forwards(replace):
-                return call_model(self.model, ctx.inputs, ctx.targets).outputs
-        finally:
-            for module, mode in stem.items():
-                module.training = mode
+        with _in_eval(m for part in self.before for m in part.modules()), replaced_forwards(replace):
+            return call_model(self.model, ctx.inputs, ctx.targets).outputs
 
     def side_inputs(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         """This batch's side inputs (after ``stem``): the tensors the blocks read besides the state that depend
