@@ -1,7 +1,18 @@
-"""``digits``: scikit-learn's bundled 8x8 handwritten digits (offline, 1797 samples)."""
+"""``digits``: scikit-learn's bundled 8x8 handwritten digits (offline, 1797 samples).
+
+The rows are read from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``: 64 pixel columns in
+0..16, then the class) without importing scikit-learn, whose import (with SciPy's) costs 1.5-2 s of every
+command's start on the default task; ``load_digits`` reads the same file (the test compares them).
+"""
 
 from __future__ import annotations
 
+import functools
+import gzip
+import importlib.util
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from .base import Split, Task
@@ -9,10 +20,31 @@ from .errors import TaskConfigError
 from .registry import register_task
 from .splits import stratified_indices
 
-__all__ = ["build_digits", "STD_FLOOR"]
+__all__ = ["build_digits", "digits_file", "STD_FLOOR"]
 
 #: Floor on the per-feature train std used for standardization (pixels are in [0, 1]).
 STD_FLOOR = 1e-2
+
+
+def digits_file() -> Path:
+    """Where the installed scikit-learn keeps the digits (found without importing it)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise TaskConfigError("task 'digits' reads the digits scikit-learn ships: pip install scikit-learn")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():
+        raise TaskConfigError(f"task 'digits': scikit-learn's digits file is missing ({path}); reinstall scikit-learn")
+    return path
+
+
+@functools.cache
+def _read_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 x 64 pixels (0..16) and their classes, read once per process (read-only arrays)."""
+    with gzip.open(digits_file(), "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    pixels, classes = table[:, :-1], table[:, -1].astype(np.int64)
+    pixels.flags.writeable = classes.flags.writeable = False
+    return pixels, classes
 
 
 @register_task("digits")
@@ -29,8 +61,6 @@ def build_digits(
     Stratified seeded split, by default 70/10/20 train/val/test. ``data_dir`` and
     ``download`` are accepted for uniformity and unused (the data ships with scikit-learn).
     """
-    from sklearn.datasets import load_digits
-
     if not isinstance(flatten, bool):
         raise TaskConfigError(f"task 'digits': flatten must be True or False, got {flatten!r}")
     for option, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
@@ -41,9 +71,9 @@ def build_digits(
             f"task 'digits': val_fraction + test_fraction must be < 0.9, got {val_fraction + test_fraction:g}"
         )
 
-    data = load_digits()
-    x = torch.as_tensor(data.data, dtype=torch.float32) / 16.0
-    y = torch.as_tensor(data.target, dtype=torch.int64)
+    pixels, classes = _read_digits()
+    x = torch.tensor(pixels, dtype=torch.float32) / 16.0
+    y = torch.tensor(classes, dtype=torch.int64)
     train_idx, val_idx, test_idx = stratified_indices(y, (val_fraction, test_fraction), seed)
 
     mean = x[train_idx].mean(dim=0)

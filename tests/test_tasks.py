@@ -178,6 +178,33 @@ def test_digits_loss_and_metric(digits):
     assert loss.dim() == 0 and torch.isfinite(loss)
 
 
+def test_digits_are_scikit_learns_rows_read_from_its_file(digits):
+    """The task reads sklearn's digits file itself (no sklearn import at start): the same 1797 rows and classes as
+    ``load_digits``, in its order, so a split holds the rows sklearn would have given."""
+    from sklearn.datasets import load_digits
+
+    from gradengines.tasks.digits import _read_digits
+
+    reference = load_digits()
+    pixels, classes = _read_digits()
+    assert np.array_equal(pixels, reference.data) and np.array_equal(classes, reference.target)
+    every = torch.cat([digits.train.targets, digits.val.targets, digits.test.targets])
+    assert torch.equal(torch.bincount(every), torch.as_tensor(np.bincount(reference.target)))
+
+
+def test_digits_without_scikit_learn_is_one_line(monkeypatch):
+    from gradengines.tasks import digits as digits_mod
+
+    monkeypatch.setattr(digits_mod.importlib.util, "find_spec", lambda name: None)
+    digits_mod._read_digits.cache_clear()
+    try:
+        with pytest.raises(TaskConfigError, match="pip install scikit-learn") as error:
+            build("digits")
+    finally:
+        digits_mod._read_digits.cache_clear()
+    assert one_line(str(error.value))
+
+
 def test_digits_unflattened_shape():
     task = build("digits", flatten=False)
     assert task.input_shape == (1, 8, 8) and task.in_features == 64
