@@ -49,7 +49,7 @@ SLOW_FIRST = (
     "test_replicas.py::test_the_hf_trainer_s_ddp_on_two_processes_equals_one_process_on_the_whole_batch",
     "test_long_runs.py::test_sigterm_in_the_timing_phase_leaves_a_comparison_that_resumes",
     "test_threads.py::test_the_python_api_chooses_threads_as_the_command_line_and_says_it_once",
-    "test_distributed.py::test_two_ranks_train_as_one_process_with_the_same_global_batch",
+    "test_distributed.py::test_collectives_and_every_form_of_training_on_two_ranks_equal_one_process",
 )
 
 

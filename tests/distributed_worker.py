@@ -1,9 +1,13 @@
-"""Run under torchrun with 2 ranks by tests/test_distributed.py: the DataParallel collectives.
+"""Run under torchrun with 2 ranks by tests/test_distributed.py: the DataParallel collectives, then the commands
+given as a JSON list of argument lists (``["train", ...]``: what ``gradengines train ...`` and scripts/train.py run),
+one after the other in the process group joined here.
 
-Exits 0 and prints "ok" on rank 0 when every check holds; an assertion stops it otherwise.
+Exits 0 and prints "ok" on rank 0 when every check holds and every command exited 0; an assertion stops it otherwise.
 """
 
 import copy
+import json
+import sys
 
 import torch
 from torch import nn
@@ -138,7 +142,14 @@ _, used, _ = highway_iterations(e_all[here.rank], carry, back_for(torch.tensor(d
 assert used == together, (here.rank, used, together, alone)
 
 here.barrier()
+assert DataParallel().world_size == 2
+
+# the commands, each as a script runs it (a launched process joins the group once: they share it)
+from gradengines.trainers.cli import main  # noqa: E402
+
+for command in json.loads(sys.argv[1]) if len(sys.argv) > 1 else []:
+    code = main(command)
+    assert code == 0, f"rank {here.rank}: exit code {code} from {' '.join(command)}"
 if here.is_main:
     print("ok")
-assert DataParallel().world_size == 2
 exit_process(0)  # closes the group; no interpreter finalization racing gloo's threads

@@ -1,7 +1,8 @@
 """Data parallel training under torchrun: 2 CPU ranks (gloo, loopback) against one process.
 
-Each test launches real processes: ``torchrun --standalone`` runs the unchanged
-scripts/train.py and compare.py, and the results are compared with a single
+The tests launch real processes: ``torchrun --standalone`` runs the unchanged scripts/train.py
+(a killed rank, a refusal, two nodes) and, in one job whose processes start once, the collectives
+and every form of training as the scripts run them; the results are compared with a single
 process that trains on the same global batch (float64).
 """
 
@@ -78,17 +79,79 @@ ORTHOGONAL = ["--trainers", "foton", "--steps", "4", "--eval-every", "2", "--lr"
               "--grad-agreement-every", "0", "--epochs", "1"]
 
 
-@pytest.mark.parametrize("flags, engines", [(RECURRENT + ["--trainers", "backprop,highway,dsf"],
-                                             ["backprop", "highway", "dsf"]),
-                                            (ORTHOGONAL, ["foton"])], ids=["recurrent", "foton"])
-def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, flags, engines):
-    """compare.py on 2 ranks x batch 8 == one process x batch 16: weights to 1e-10, metrics to 1e-10."""
-    proc = torchrun(COMPARE, *flags, *QUIET, "--batch-size", 8, "--logdir", tmp_path / "two")
-    assert proc.stdout.count("| run | seeds |") == 1  # rank 0 prints the table, rank 1 nothing
-    assert compare_main([*flags, *QUIET, "--batch-size", "16", "--logdir", str(tmp_path / "one")]) == 0
-    experiment, = (p.name for p in (tmp_path / "one").iterdir() if p.is_dir())  # the same default name on 2 ranks
+def test_collectives_and_every_form_of_training_on_two_ranks_equal_one_process(tmp_path, subtests):
+    """One torchrun job (its processes pay their start once): the collectives (tests/distributed_worker.py), then
+    each form of data-parallel training, every command as its script runs it, each checked against one process
+    on the whole batch (float64): the recurrent comparison (Highway-BP and DSF on their time paths), FOTON's,
+    the memory-mapped token file and a task factory's stream."""
+    runs = two_rank_runs(tmp_path)
+    commands = [[*map(str, argv), "--batch-size", str(batch), "--logdir", str(tmp_path / name / "two")]
+                for name, (argv, batch) in runs.items()]
+    proc = torchrun(ROOT / "tests" / "distributed_worker.py", json.dumps(commands))
+    assert proc.stdout.strip().endswith("ok"), proc.stdout[-2000:]
+    assert proc.stdout.count("| run | seeds |") == 2  # rank 0 prints each comparison's table, rank 1 nothing
+    for name, (argv, batch) in runs.items():
+        with subtests.test(name):
+            CHECKS[name](tmp_path / name, [*map(str, argv), "--batch-size", str(2 * batch)])
+
+
+# a task factory whose training data is a stream (an IterableDataset), for --task FILE.py:blobs
+DATA_FACTORY = '''
+import torch
+from torch.utils.data import IterableDataset, TensorDataset
+
+
+class Rows(IterableDataset):
+    """Rows streamed in an order reshuffled by epoch."""
+
+    def __init__(self, x, y):
+        self.x, self.y, self.epoch = x, y, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(self.epoch))
+        return ((self.x[i], self.y[i]) for i in order.tolist())
+
+
+def blobs():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.arange(70) % 3
+    x = torch.randn(70, 4, generator=gen) + 3 * torch.nn.functional.one_hot(y, 4).float()
+    return {"train": Rows(x[:38], y[:38]), "val": TensorDataset(x[38:55], y[38:55]),
+            "test": TensorDataset(x[55:], y[55:]), "num_outputs": 3}
+'''
+
+
+def two_rank_runs(tmp_path) -> dict[str, tuple[list, int]]:
+    """The forms of training run on 2 ranks: name -> (the command's arguments, the batch of each rank)."""
+    data = tmp_path / "bin"  # the token file: 58 windows of 6, 7 batches of 8 and one of 2
+    data.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    for name, size in (("train", 406), ("val", 90)):
+        torch.randint(0, 23, (size,), generator=gen).to(torch.int32).numpy().astype("<u2").tofile(data / f"{name}.bin")
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 23, "dtype": "uint16"}))
+    (tmp_path / "my_data.py").write_text(DATA_FACTORY)
+    return {
+        "recurrent": (["compare", *RECURRENT, "--trainers", "backprop,highway,dsf", *QUIET], 8),
+        "foton": (["compare", *ORTHOGONAL, *QUIET], 8),
+        "token file": (["train", "--task", "tokens", "--data-dir", data, "--task-option", "seq_len=6", "--model",
+                        "gpt", "--depth", "1", "--width", "8", "--heads", "2", "--trainer", "highway", "--steps", "5",
+                        "--eval-every", "2", *QUIET], 4),
+        "stream": (["train", "--task", f"{tmp_path / 'my_data.py'}:blobs", "--model", "mlp", "--depth", "2",
+                    "--width", "8", "--trainer", "fa", "--steps", "7", "--eval-every", "3", *QUIET], 4),
+    }
+
+
+def compared_as_one(logdir, argv):
+    """compare.py on 2 ranks x batch b == one process x batch 2b (``argv``): weights to 1e-10, metrics to 1e-10,
+    one TensorBoard writer, the same test result and best step; engines that differ were each compared."""
+    engines = argv[argv.index("--trainers") + 1].split(",")
+    assert compare_main([*argv[1:], "--logdir", str(logdir / "one")]) == 0
+    experiment, = (p.name for p in (logdir / "one").iterdir() if p.is_dir())  # the same default name on 2 ranks
     for engine in engines:
-        two, one = (tmp_path / side / experiment / engine / "seed0" for side in ("two", "one"))
+        two, one = (logdir / side / experiment / engine / "seed0" for side in ("two", "one"))
         assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
         assert_same_records(records(two), records(one))
         writers = {f.name.rsplit(".", 2)[1] for f in two.glob("events.out.tfevents.*")}  # their pids
@@ -96,18 +159,35 @@ def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, fla
         r2, r1 = (json.loads((d / "result.json").read_text()) for d in (two, one))
         assert r2["test"] == pytest.approx(r1["test"], rel=1e-10)
         assert r2["best_step"] == r1["best_step"]
-    assert (tmp_path / "two" / experiment / "summary.md").exists()
+    assert (logdir / "two" / experiment / "summary.md").exists()
     if len(engines) > 1:  # the engines really differ here, so each one's own path was compared
-        final = {e: torch.load(tmp_path / "one" / experiment / e / "seed0" / "checkpoint.pt",
+        final = {e: torch.load(logdir / "one" / experiment / e / "seed0" / "checkpoint.pt",
                                weights_only=False)["model"] for e in engines}
         for e in engines[1:]:
             assert max((final[e][k] - final["backprop"][k]).abs().max() for k in final[e]) > 1e-6, e
 
 
-def test_collectives_on_two_ranks():
-    """Sharding, weighted gradient average, reductions, broadcast, BatchNorm stats, the sync guard."""
-    proc = torchrun(ROOT / "tests" / "distributed_worker.py")
-    assert proc.stdout.strip().endswith("ok")
+def trained_as_one(logdir, argv):
+    """train.py on 2 ranks x batch b == one process x batch 2b (``argv``): the same weights and records; returns
+    the one process's records."""
+    assert train_main([*argv[1:], "--logdir", str(logdir / "one")]) == 0
+    trainer = argv[argv.index("--trainer") + 1]
+    one, = (logdir / "one").glob(f"*/{trainer}/seed0")
+    two = logdir / "two" / one.relative_to(logdir / "one")
+    assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
+    assert_same_records(records(two), records(one))
+    return records(one)
+
+
+def streamed_as_one(logdir, argv):
+    """A stream read pass after pass (each rank reads every item and keeps its rows): as one process; a stream's
+    batches are all full, with no length and no epochs."""
+    last = trained_as_one(logdir, argv)[-1]
+    assert (last["samples"], last["epoch"]) == (56, None)
+
+
+CHECKS = {"recurrent": compared_as_one, "foton": compared_as_one, "token file": trained_as_one,
+          "stream": streamed_as_one}
 
 
 # rank 1 is killed or stopped after STOP_AT of STEPS steps (conftest.train_signalled_at)
@@ -241,68 +321,3 @@ def test_bad_launch_options_exit_2_in_one_line(monkeypatch, capsys, flags, messa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not torch.distributed.is_initialized()
-
-
-def test_two_ranks_on_a_token_file_train_as_one_process(tmp_path):
-    """The memory-mapped token task (issue 48) under torchrun: each rank reads its own windows of every global
-    batch (drawn from the run's seed), and 2 ranks x batch 4 end with one process x batch 8's weights (float64)."""
-    data = tmp_path / "bin"
-    data.mkdir()
-    gen = torch.Generator().manual_seed(0)
-    for name, size in (("train", 406), ("val", 90)):  # 58 windows: 7 batches of 8 and one of 2
-        torch.randint(0, 23, (size,), generator=gen).to(torch.int32).numpy().astype("<u2").tofile(data / f"{name}.bin")
-    (data / "meta.json").write_text(json.dumps({"vocab_size": 23, "dtype": "uint16"}))
-    flags = ["--task", "tokens", "--data-dir", data, "--task-option", "seq_len=6", "--model", "gpt", "--depth", "1",
-             "--width", "8", "--heads", "2", "--trainer", "highway", "--steps", "5", "--eval-every", "2", *QUIET]
-    two_ranks_as_one(tmp_path, flags, "highway")
-
-
-def two_ranks_as_one(tmp_path, flags, trainer):
-    """train.py with ``flags`` on 2 ranks x batch 4 and on one process x batch 8: the same weights and records;
-    returns the one process's records."""
-    torchrun(TRAIN, *flags, "--batch-size", 4, "--logdir", tmp_path / "two")
-    assert train_main([*map(str, flags), "--batch-size", "8", "--logdir", str(tmp_path / "one")]) == 0
-    one, = (tmp_path / "one").glob(f"*/{trainer}/seed0")
-    two = tmp_path / "two" / one.relative_to(tmp_path / "one")
-    assert_same_weights(two / "checkpoint.pt", one / "checkpoint.pt")
-    assert_same_records(records(two), records(one))
-    return records(one)
-
-
-DATA_FACTORY = '''
-import torch
-from torch.utils.data import IterableDataset, TensorDataset
-
-
-class Rows(IterableDataset):
-    """Rows streamed in an order reshuffled by epoch."""
-
-    def __init__(self, x, y):
-        self.x, self.y, self.epoch = x, y, 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-
-    def __iter__(self):
-        order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(self.epoch))
-        return ((self.x[i], self.y[i]) for i in order.tolist())
-
-
-def blobs():
-    gen = torch.Generator().manual_seed(0)
-    y = torch.arange(70) % 3
-    x = torch.randn(70, 4, generator=gen) + 3 * torch.nn.functional.one_hot(y, 4).float()
-    return {"train": Rows(x[:38], y[:38]), "val": TensorDataset(x[38:55], y[38:55]),
-            "test": TensorDataset(x[55:], y[55:]), "num_outputs": 3}
-'''
-
-
-def test_two_ranks_on_a_task_factory_s_stream_train_as_one_process(tmp_path):
-    """--task FILE.py:factory (issue 48) under torchrun, its training data a stream read pass after pass (each
-    rank reads every item and keeps its rows): 2 ranks x batch 4 end with one process x batch 8's weights and
-    metrics (float64), FA; the map-style form shares the token file's path (above)."""
-    (tmp_path / "my_data.py").write_text(DATA_FACTORY)
-    flags = ["--task", tmp_path / "my_data.py:blobs", "--model", "mlp", "--depth", "2", "--width", "8", "--trainer",
-             "fa", "--steps", "7", "--eval-every", "3", *QUIET]
-    last = two_ranks_as_one(tmp_path, flags, "fa")[-1]  # a stream's batches are all full; no length, no epochs
-    assert (last["samples"], last["epoch"]) == (56, None)
