@@ -115,6 +115,17 @@ def _comparisons_time_at_their_own_thread_count(monkeypatch):
     monkeypatch.setattr("gradengines.trainers.experiments.compare.other_threads", lambda device: None)
 
 
+@pytest.fixture(autouse=True)
+def _figures_built_not_rendered(request, monkeypatch):
+    """A figure a test's command makes is built (every panel, curve, legend and heatmap of its data) but not
+    rendered: matplotlib's layout, drawing and PNG encoding were about 60 s of the suite's CPU time in some forty
+    comparisons that never look at the picture (BENCHMARKS.md, "The test suite's time"). A test that reads a PNG
+    is marked ``renders_figures``; tests/test_plots.py checks the drawn layout itself."""
+    if request.node.get_closest_marker("renders_figures") is None:
+        import matplotlib.figure
+
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *args, **kwargs: None)
+
 
 @pytest.fixture(autouse=True)
 def _callers_data_guarded(request, monkeypatch):

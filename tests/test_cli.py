@@ -108,6 +108,7 @@ def test_nan_loss_exits_1(tmp_path, capsys):
     assert code == 1 and "loss is" in err and "training stopped" in err
 
 
+@pytest.mark.renders_figures
 def test_default_compare_writes_runs_tags_table_and_png(tmp_path, monkeypatch, capsys):
     """``scripts/compare.py`` with no arguments: the embedded comparison on digits (2 epochs instead of its 30 and
     5 timing rounds instead of 30: what it writes does not depend on how long it trains)."""
@@ -167,6 +168,7 @@ def test_train_with_task_options_writes_a_complete_run(tmp_path, capsys):
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.renders_figures
 def test_run_name_and_results_table(tmp_path, capsys):
     common = ["--task", "teacher", "--task-option", "n_train=128", "--steps", "4", "--logdir", str(tmp_path),
               "--progress", "false", "--seeds", "0,1", "--experiment", "exp/d2"]

@@ -10,6 +10,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from gradengines.trainers.experiments.plots import layer_grid, plot_comparison
 
+pytestmark = pytest.mark.renders_figures  # these tests draw; the others build figures without rendering (conftest.py)
+
 
 def history(cosines: dict[str, float], ratio: float, steps=(0, 10, 20)) -> list[dict]:
     records = []

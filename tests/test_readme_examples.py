@@ -483,6 +483,7 @@ def invoke(argv: list[str]) -> int:
     raise AssertionError(f"no way to run {argv}")
 
 
+@pytest.mark.renders_figures
 def test_readme_commands_run_top_to_bottom_in_one_folder(tmp_path, monkeypatch, capsys):
     """Every command of the README that can run here, in README order, in one fresh folder, as a newcomer runs
     them (issue 42): none may fail, and in particular none may find its default folder taken by an earlier,

@@ -49,6 +49,7 @@ def table(out: Path, module) -> list[str]:
     return [line for line in page.splitlines() if line.startswith("| ")]
 
 
+@pytest.mark.renders_figures
 def test_a_killed_row_resumes_to_the_uninterrupted_table_and_refusals_are_said(reference, tmp_path, monkeypatch):
     straight = tmp_path / "straight"
     assert reference.main(["run", "--out", str(straight)]) == 0

@@ -134,6 +134,7 @@ def test_a_syntax_error_in_the_file_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and f"model file {bad} failed to import: SyntaxError" in err[0]
 
 
+@pytest.mark.renders_figures
 def test_compare_runs_the_trainers_a_user_model_supports(user_file, tmp_path, capsys):
     """A plain nn.Module of nn.Linear layers is no layer stack, residual stack or recurrent model: the
     comparison runs backprop and the trainers that need only its weight layers (the FA family, on the layer
