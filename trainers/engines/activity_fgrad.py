@@ -177,6 +177,7 @@ class ActivityForwardGradient(GradientEngine):
         scalars = self._example_scalars(probe, targets, loss_fn)
         if scalars is None:
             return "the loss is not the task's loss of the outputs"
+        scalars = scalars.detach()  # values only: the probe keeps its graph where the model's parameters require grad
         total = float(probe.loss_tangent.detach())
         if abs(float(scalars.sum()) - total) > 1e-4 * (abs(total) + float(scalars.abs().sum())) + 1e-12:
             return "the loss is not the task's loss of the outputs"
