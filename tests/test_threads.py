@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gradengines import models, tasks, trainers
 from gradengines.trainers.cli import bench_main, train_main
 from gradengines.trainers.core import threads
 from gradengines.trainers.core.errors import ConfigError
@@ -146,52 +147,61 @@ def test_more_threads_than_cores_are_taken_with_a_note(monkeypatch, capsys, rest
     assert capsys.readouterr().err == ""
 
 
+# the Python API's calls that choose threads: a Trainer's fit and an engine's compute_grads
+API_CALLS = """
+task = tasks.build("teacher", in_features=8, num_classes=3, n_train=64, n_val=16, n_test=16, hidden=8)
+model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
+trainers.Trainer(model, trainers.build_engine("backprop"), task, progress=False, batch_size=16).fit(steps=3)
+trainers.build_engine("fa").compute_grads(model, task.train.inputs[:4], task.train.targets[:4], task.loss_fn)
+"""
 API_RUN = """
 import sys, torch
 sys.path[:0] = [{root!r}]
 from gradengines import models, tasks, trainers
-task = tasks.build("teacher", in_features=8, num_classes=3, n_train=64, n_val=16, n_test=16, hidden=8)
-model = models.build("mlp", in_features=8, out_features=3, depth=2, width=8)
-{before}
-trainers.Trainer(model, trainers.build_engine("backprop"), task, progress=False, batch_size=16).fit(steps=3)
-trainers.build_engine("fa").compute_grads(model, task.train.inputs[:4], task.train.targets[:4], task.loss_fn)
+""" + API_CALLS + """
 print(torch.get_num_threads())
 """
 
 
-def api_run(before: str = "", busy: bool = False, **env) -> tuple[int, list[str]]:
+def api_run_beside_a_busy_core() -> tuple[int, list[str]]:
     """The Python API in a fresh process whose environment fixes no thread count (the suite's does), beside a
-    spinning child that has said it spins, when ``busy``: (torch's threads after, the stderr lines)."""
+    spinning child that has said it spins: (torch's threads after, the stderr lines)."""
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", threads.THREADS_ENV)}
-    environ.update(env)
     child = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
-                             stdout=subprocess.PIPE, text=True) if busy else None
+                             stdout=subprocess.PIPE, text=True)
     try:
-        if child is not None:
-            assert child.stdout.readline().strip() == "ready"  # spinning before the probe starts
+        assert child.stdout.readline().strip() == "ready"  # spinning before the probe starts
         root = str(Path(__file__).resolve().parents[1])
-        done = subprocess.run([sys.executable, "-c", API_RUN.format(root=root, before=before)], env=environ,
+        done = subprocess.run([sys.executable, "-c", API_RUN.format(root=root)], env=environ,
                               capture_output=True, text=True, timeout=300)
     finally:
-        if child is not None:
-            child.kill()
-            child.wait()
+        child.kill()
+        child.wait()
     assert done.returncode == 0, done.stderr
     return int(done.stdout.split()[-1]), [line for line in done.stderr.splitlines() if "CPU thread" in line]
 
 
 def test_the_python_api_chooses_threads_as_the_command_line_and_says_it_once():
-    count, said = api_run(busy=True)
+    count, said = api_run_beside_a_busy_core()
     cores = threads.usable_cores()
     assert len(said) == 1 and "auto: " in said[0] and "gradengines.set_threads(N)" in said[0]
     assert 1 <= count <= max(1, cores - 1)  # the spinning child's core is left to it (others may be busy too)
 
 
-@pytest.mark.parametrize("before, env, expected", [
-    ("trainers.set_threads(1)", {}, 1),
-    ("", {threads.THREADS_ENV: "1"}, 1),
-    ("", {"OMP_NUM_THREADS": "1"}, 1),
-])
-def test_a_choice_made_before_the_api_is_kept_without_a_word(before, env, expected):
-    count, said = api_run(before, **env)
-    assert count == expected and said == []
+@pytest.mark.parametrize("before, env", [(True, {}), (False, {threads.THREADS_ENV: "1"}),
+                                         (False, {"OMP_NUM_THREADS": "1"})], ids=["set_threads", "env", "omp"])
+def test_a_choice_made_before_the_api_is_kept_without_a_word(before, env, monkeypatch, capsys, restore_threads):
+    """As in a process that has chosen nothing yet (the test above runs one): a choice made before the Python API
+    (``set_threads``, GRADENGINES_THREADS, OMP_NUM_THREADS) is the API's, and nothing is said; the auto rule would
+    have said its line."""
+    for name in ("OMP_NUM_THREADS", threads.THREADS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(threads, "_CHOSEN", [])
+    torch.set_num_threads(2)  # torch's own count is not the choice
+    if before:
+        trainers.set_threads(1)
+    exec(API_CALLS, {"models": models, "tasks": tasks, "trainers": trainers})
+    assert torch.get_num_threads() == 1
+    assert [line for line in capsys.readouterr().err.splitlines() if "CPU thread" in line] == []
