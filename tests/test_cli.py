@@ -193,6 +193,35 @@ def test_run_name_and_results_table(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("best validation accuracy: mean ± std over seeds (seeds)\n\n| experiment")
 
 
+def test_a_step_s_peak_memory_on_the_cpu_is_its_largest_live_extra_allocation():
+    """``peak_step_memory_mb`` on the CPU: the most bytes a call held at once above what was allocated before it
+    (4 MB + 4 MB, one freed, then 2 MB: 8 MB; a tensor allocated before the call is not counted); a backward
+    holds every gradient it writes and, at its peak, the activations it still reads (per-op records lost those)."""
+    import torch
+
+    from gradengines.models import build
+    from gradengines.trainers.bench import peak_step_memory_mb
+
+    cpu, mib = torch.device("cpu"), 2**20
+    held = torch.empty(2_000_000)
+
+    def step():
+        first, second = torch.empty(mib), torch.empty(mib)
+        del first
+        return second, torch.empty(mib // 2), held.add_(1.0)
+
+    assert peak_step_memory_mb(step, cpu) == pytest.approx(8.0)
+    model = build("mlp", in_features=64, out_features=10, depth=4, width=128, orthogonal="bjorck")
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters()) / mib
+    activation = 32 * 128 * 4 / mib  # one hidden layer's output, held while the backward writes the gradients
+    peaks = []
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        peaks.append(peak_step_memory_mb(lambda: torch.nn.functional.cross_entropy(model(x), y).backward(), cpu))
+    assert peaks[0] == peaks[1] and gradients + activation <= peaks[0] < 2 * gradients
+
+
 def test_bench_writes_json_and_markdown_for_each_suite(tmp_path, capsys):
     import json
 

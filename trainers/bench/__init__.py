@@ -42,8 +42,9 @@ configuration prints one line on stderr (``[bench engines] backprop depth 8
 width 256: 23.1 ms median (3/12)``), so a long run shows progress in a log
 file. Peak memory: on CUDA,
 ``max_memory_allocated`` during a call above what was allocated before it;
-on the CPU, the peak of live tensor bytes over the call, from the torch
-profiler's per-op allocation records (op granularity, so approximate).
+on the CPU, the peak of live tensor bytes over the call above what was held
+before it, from the torch profiler's allocation records (each allocation
+and free, in time order).
 Reported for the whole step (with optimizer and orthogonality upkeep) and for
 ``compute_grads`` alone with the old grads freed (``grads_peak_mb``, which
 includes the ``grad_bytes_mb`` of the gradients it writes: activations are
