@@ -64,13 +64,23 @@ def main(argv=None) -> int:
         for engine_name in engines:
             engine = trainers.build_engine(engine_name)
 
-            def step(model=model, engine=engine, x=x, y=y, loss_fn=loss_fn):
+            def clear(model=model):
                 for p in model.parameters():
                     p.grad = None
+
+            def compute(model=model, engine=engine, x=x, y=y, loss_fn=loss_fn):
                 engine.compute_grads(model, x, y, loss_fn)
 
+            def step():
+                clear()
+                compute()
+
             step()  # first call: the engine's checks, drawn feedback
-            memory = statistics.median(peak_step_memory_mb(step, device) for _ in range(3))
+            peaks = []
+            for _ in range(3):
+                clear()  # before the measured call: the gradients it writes count
+                peaks.append(peak_step_memory_mb(compute, device))
+            memory = statistics.median(peaks)
             times = []
             for _ in range(args.repeats):
                 start = time.perf_counter()
