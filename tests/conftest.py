@@ -46,7 +46,7 @@ SLOW_FIRST = (
     "test_failures.py::test_two_processes_started_together_on_one_run_directory",
     "test_failures.py::test_failures_through_a_real_process",
     "test_compile.py::test_an_engine_that_fails_compiled_is_refused_and_one_that_runs_its_blocks_is_told",
-    "test_replicas.py::test_the_hf_trainer_s_ddp_on_two_processes_equals_one_process_on_the_whole_batch",
+    "test_replicas.py::test_ddp_replicas_of_every_engine_and_the_hf_trainer_s_ddp_equal_one_process",
     "test_long_runs.py::test_sigterm_in_the_timing_phase_leaves_a_comparison_that_resumes",
     "test_threads.py::test_the_python_api_chooses_threads_as_the_command_line_and_says_it_once",
     "test_distributed.py::test_collectives_and_every_form_of_training_on_two_ranks_equal_one_process",
