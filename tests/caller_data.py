@@ -56,8 +56,8 @@ def written(recorded: list[tuple[str, torch.Tensor, int, torch.Tensor]]) -> dict
     """name -> how it was written, for each recorded tensor whose version or values changed."""
     out = {}
     for name, t, version, value in recorded:
-        same = t.shape == value.shape and bool(((t.detach() == value) | (t.detach() != t.detach())
-                                                 & (value != value)).all())  # NaN where it was NaN
+        same = t.shape == value.shape and (torch.equal(t.detach(), value) or bool(
+            ((t.detach() == value) | (t.detach() != t.detach()) & (value != value)).all()))  # NaN where it was NaN
         if t._version != version or not same:
             change = (f"largest change {(t.detach().double() - value.double()).abs().max().item():.3g}"
                       if t.shape == value.shape else f"shape {tuple(value.shape)} -> {tuple(t.shape)}")
