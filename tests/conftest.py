@@ -132,7 +132,7 @@ def _callers_data_guarded(request, monkeypatch):
     """In every test, every call of an entry point that runs a user's model its own way (each engine's
     ``compute_grads`` and ``prepare``, ``residual_stack``, ``check_task_model``, ``gradient_agreement``) fails if
     it writes the caller's data, the model's parameters or buffers its own forward does not update
-    (``tests/caller_data.py``; it costs the suite no measurable time). A test marked ``unguarded`` (a contrast,
+    (``tests/caller_data.py``; a few seconds of the suite's CPU time in all). A test marked ``unguarded`` (a contrast,
     which plants the fault the guard is for) runs without it."""
     from caller_data import guard_entry_points
 
