@@ -192,6 +192,18 @@ def test_digits_are_scikit_learns_rows_read_from_its_file(digits):
     assert torch.equal(torch.bincount(every), torch.as_tensor(np.bincount(reference.target)))
 
 
+def test_digits_kept_elsewhere_by_scikit_learn_come_from_load_digits(monkeypatch, digits):
+    from gradengines.tasks import digits as digits_mod
+
+    monkeypatch.setattr(digits_mod, "digits_file", lambda: None)
+    digits_mod._read_digits.cache_clear()
+    try:
+        again = build("digits")
+    finally:
+        digits_mod._read_digits.cache_clear()
+    assert torch.equal(again.train.inputs, digits.train.inputs) and torch.equal(again.test.targets, digits.test.targets)
+
+
 def test_digits_without_scikit_learn_is_one_line(monkeypatch):
     from gradengines.tasks import digits as digits_mod
 
